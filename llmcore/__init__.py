@@ -1,0 +1,31 @@
+"""llmcore: the algebra of a GPT, from loops to matrices, proved equal and measured.
+
+Each operation comes in a loop form (``*_loop``, the per-token and per-key loops), a matrix form
+(what the model runs, on any device), and a NumPy float64 twin in :mod:`llmcore.reference`.
+Importing llmcore has no side effects: it prints nothing and picks no device.
+"""
+
+from .attention import attention, attention_loop
+from .checkpoint import load_gpt2, save_gpt2
+from .device import describe_machine, pick_device
+from .ffn import ffn, ffn_loop, gelu
+from .generate import decode_steps, generate, sample
+from .kvcache import KVCache, kv_bytes_per_token
+from .matmul import dot_loop, linear, linear_loop, matmul, matmul_loop
+from .model import GPT, GPTConfig
+from .multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
+                        multihead_attention_qkv, qkv_projection)
+from .norm import layer_norm, layer_norm_loop
+from .shapes import NEG_INF, causal_mask, merge_heads, split_heads
+from .softmax import softmax, softmax_loop
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT", "GPTConfig", "KVCache", "NEG_INF", "attention", "attention_loop", "causal_mask",
+    "decode_steps", "describe_machine", "dot_loop", "ffn", "ffn_loop", "fuse_qkv", "gelu",
+    "generate", "kv_bytes_per_token", "layer_norm", "layer_norm_loop", "linear", "linear_loop",
+    "load_gpt2", "matmul", "matmul_loop", "merge_heads", "multihead_attention",
+    "multihead_attention_loop", "multihead_attention_qkv", "pick_device", "qkv_projection",
+    "sample", "save_gpt2", "softmax", "softmax_loop", "split_heads",
+]

@@ -1,0 +1,126 @@
+"""Scaled dot-product attention: per query, score every key, softmax, average the values.
+
+Loop form: for each query row i, scores_j = q_i . k_j / sqrt(d_head) over the keys it may see,
+weights = softmax(scores), out_i = sum_j weights_j v_j. Matrix form: the same for all rows at once,
+softmax(Q K^T / sqrt(d_head)) V. Chapter 3; grouped K/V heads in Chapter 4.
+
+Both forms take any number of leading (batch, head) dimensions. When K and V have fewer heads than
+Q (multi-query and grouped-query attention, h_kv < h), query head i reads K/V head i // (h / h_kv).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .shapes import NEG_INF, causal_mask, check_operands, check_shape, check_tensor
+from .softmax import softmax
+
+BACKENDS = ("explicit", "fused")
+"""``explicit``: the matmul-mask-softmax-matmul written out here (every step inspectable).
+``fused``: ``torch.nn.functional.scaled_dot_product_attention``, one call that can use a fused
+kernel. Chosen by the caller with ``backend=``; nothing probes the environment."""
+
+
+def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> int:
+    """Shapes, dtypes and devices of an attention call; returns the query heads per K/V head."""
+    check_operands(q=q, k=k, v=v)
+    sizes = check_shape("q", q, ("...", "n", "d_head"))
+    sizes = check_shape("k", k, ("...", "m", "d_head"), **sizes)
+    check_shape("v", v, ("...", "m", "d_head"), **sizes)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v: expected the same shape, got k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)}")
+    if q.shape[:-3] != k.shape[:-3] or q.dim() != k.dim():
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: expected the same leading "
+                         "(batch) dimensions")
+    group = 1
+    if q.dim() >= 3 and q.shape[-3] != k.shape[-3]:
+        h, h_kv = q.shape[-3], k.shape[-3]
+        if h % h_kv:
+            raise ValueError(f"q has h = {h} heads and k, v have h_kv = {h_kv}: expected h_kv to "
+                             "divide h (grouped-query attention)")
+        group = h // h_kv
+    if mask is not None:
+        check_tensor("mask", mask)
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask: expected a bool tensor (True = may attend), got {mask.dtype}")
+        if mask.device != q.device:
+            raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
+        want = (*q.shape[:-1], k.shape[-2])
+        try:
+            torch.broadcast_shapes(mask.shape, want)
+        except RuntimeError:
+            raise ValueError(f"mask: expected a shape that broadcasts to {want} "
+                             f"(..., n, m), got {tuple(mask.shape)}") from None
+    return group
+
+
+def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                   mask: Tensor | None = None) -> Tensor:
+    """Scaled dot-product attention, one query row at a time. Slow; use tiny shapes.
+
+    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)
+    causal: query i sees keys j <= i + (m - n) (bottom-right aligned: right for a KV cache).
+    mask: bool, broadcastable to (..., h, n, m); True where a query may attend to a key.
+    A query that may see no key at all gets a zero row. Chapter 3.
+    """
+    group = _check_attention_inputs(q, k, v, mask)
+    n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
+    allowed = torch.ones(n, m, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = causal_mask(n, m, q.device)
+    if mask is not None:
+        allowed = allowed & mask
+    allowed = allowed.expand(*q.shape[:-1], m)                 # (..., h, n, m)
+    out = torch.zeros_like(q)
+    for idx in np.ndindex(*q.shape[:-2]):                       # every (batch..., head) index
+        kv_idx = idx[:-1] + (idx[-1] // group,) if group > 1 else idx
+        keys, values = k[kv_idx], v[kv_idx]                     # (m, d_head) each
+        for i in range(n):                                      # each query
+            visible = allowed[idx][i].nonzero().flatten().tolist()   # keys this query may see
+            if not visible:
+                continue                                        # nothing to attend to: zeros
+            scores = torch.stack([q[idx][i] @ keys[j] for j in visible]) / math.sqrt(d_head)
+            weights = softmax(scores)                           # (len(visible),)
+            for weight, j in zip(weights, visible):             # weighted sum of value rows
+                out[idx][i] += weight * values[j]
+    return out
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              mask: Tensor | None = None, backend: str = "explicit") -> Tensor:
+    """Same contract as :func:`attention_loop`, all queries at once.
+
+    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)
+    scores = q k^T / sqrt(d_head) is (..., h, n, m); masked scores become -inf before the softmax.
+    backend: ``"explicit"`` (default) or ``"fused"`` (PyTorch's scaled_dot_product_attention).
+    Chapter 3 (grouped K/V: Chapter 4; the fused kernel: Chapter 10).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    group = _check_attention_inputs(q, k, v, mask)
+    n, m = q.shape[-2], k.shape[-2]
+    allowed = causal_mask(n, m, q.device) if causal else None
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    if backend == "fused":
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=group > 1)
+        if allowed is not None:                     # rows with no visible key: zeros, as explicit
+            out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        return out
+    if group > 1:                                   # (..., h_kv, g, n, d_head): no copy of K or V
+        q = q.unflatten(-3, (k.shape[-3], group))
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)     # (..., h_kv, 1, m, d_head)
+        if allowed is not None and allowed.dim() >= 3:
+            allowed = allowed.unflatten(-3, (k.shape[-4], group)) if allowed.shape[-3] != 1 \
+                else allowed.unsqueeze(-3)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (..., n, m)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, NEG_INF)
+    out = softmax(scores, dim=-1) @ v                            # (..., n, d_head)
+    return out.flatten(-4, -3) if group > 1 else out

@@ -1,0 +1,51 @@
+"""Layer normalisation: per token, centre and scale its d features, then a learned affine map.
+
+layer_norm(x)_i = scale * (x_i - mean(x_i)) / sqrt(var(x_i) + eps) + shift, with the biased
+variance (divide by d) and eps inside the square root, as ``torch.nn.LayerNorm`` does. No matrix
+trick is involved: rows are independent, so all of them run at once. Chapter 5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .shapes import check_operands, check_shape
+
+LN_EPS = 1e-5
+"""Added to the variance before the square root; torch.nn.LayerNorm's and GPT-2's default."""
+
+
+def _check_norm(x: Tensor, scale: Tensor, shift: Tensor) -> None:
+    check_operands(x=x, scale=scale, shift=shift)
+    sizes = check_shape("x", x, ("...", "d"))
+    check_shape("scale", scale, ("d",), **sizes)
+    check_shape("shift", shift, ("d",), **sizes)
+
+
+def layer_norm_loop(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> Tensor:
+    """Layer norm one row (token) at a time, mean and variance by explicit sums.
+
+    x: (..., d)   scale, shift: (d,)   ->   (..., d). Chapter 5.
+    """
+    _check_norm(x, scale, shift)
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    for idx in np.ndindex(*x.shape[:-1]):
+        row = x[idx]
+        mean = sum(row[c] for c in range(d)) / d
+        var = sum((row[c] - mean) ** 2 for c in range(d)) / d     # biased: divide by d
+        out[idx] = scale * (row - mean) / torch.sqrt(var + eps) + shift
+    return out
+
+
+def layer_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> Tensor:
+    """Same contract as :func:`layer_norm_loop`, every row at once.
+
+    x: (..., d)   scale, shift: (d,)   ->   (..., d). Chapter 5.
+    """
+    _check_norm(x, scale, shift)
+    mean = x.mean(dim=-1, keepdim=True)                           # (..., 1)
+    var = x.var(dim=-1, keepdim=True, unbiased=False)             # (..., 1)
+    return scale * (x - mean) / torch.sqrt(var + eps) + shift

@@ -1,0 +1,141 @@
+"""NumPy float64 twins of llmcore's operations: same names, same signatures, written plainly.
+
+They are the oracle the tests hold the torch code to: double precision, no torch, nothing clever.
+Inputs are NumPy arrays (or anything ``np.asarray`` accepts); outputs are float64 arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+NEG_INF = -np.inf
+
+
+def _f64(*arrays):
+    return [None if a is None else np.asarray(a, dtype=np.float64) for a in arrays]
+
+
+def matmul(a, b) -> np.ndarray:
+    """a: (..., n, k)   b: (..., k, m)   ->   (..., n, m)."""
+    a, b = _f64(a, b)
+    return a @ b
+
+
+def linear(x, w, b=None) -> np.ndarray:
+    """x: (..., n, d_in)   w: (d_in, d_out)   b: (d_out,) or None   ->   (..., n, d_out)."""
+    x, w, b = _f64(x, w, b)
+    return x @ w if b is None else x @ w + b
+
+
+def softmax(x, dim: int = -1) -> np.ndarray:
+    """Stable softmax; a row of all -inf gives zeros."""
+    (x,) = _f64(x)
+    top = np.max(x, axis=dim, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    exps = np.exp(x - top)
+    total = exps.sum(axis=dim, keepdims=True)
+    return exps / np.where(total > 0, total, 1.0)
+
+
+def causal_mask(n: int, m: int) -> np.ndarray:
+    """(n, m) bool, bottom-right aligned: query i sees keys j <= i + (m - n)."""
+    if n > m:
+        raise ValueError(f"causal_mask: expected m >= n, got n = {n}, m = {m}")
+    return np.arange(m)[None, :] <= np.arange(n)[:, None] + (m - n)
+
+
+def attention(q, k, v, *, causal: bool = False, mask=None) -> np.ndarray:
+    """q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)."""
+    q, k, v = _f64(q, k, v)
+    if q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    n, m = q.shape[-2], k.shape[-2]
+    scores = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    allowed = np.ones((n, m), dtype=bool)
+    if causal:
+        allowed = allowed & causal_mask(n, m)
+    if mask is not None:
+        allowed = allowed & np.asarray(mask, dtype=bool)
+    scores = np.where(allowed, scores, NEG_INF)
+    return softmax(scores) @ v
+
+
+def split_heads(x, n_heads: int) -> np.ndarray:
+    """(..., n, h d_head) -> (..., h, n, d_head)."""
+    (x,) = _f64(x)
+    *lead, n, d = x.shape
+    return np.swapaxes(x.reshape(*lead, n, n_heads, d // n_heads), -3, -2)
+
+
+def merge_heads(x) -> np.ndarray:
+    """(..., h, n, d_head) -> (..., n, h d_head)."""
+    (x,) = _f64(x)
+    *lead, h, n, d_head = x.shape
+    return np.swapaxes(x, -3, -2).reshape(*lead, n, h * d_head)
+
+
+def multihead_attention(x, w_q, w_k, w_v, w_o, *, n_heads: int, b_q=None, b_k=None, b_v=None,
+                        b_o=None, causal: bool = False) -> np.ndarray:
+    """x: (..., n, d) -> (..., n, d); w_k, w_v may have h_kv * d_head columns."""
+    x, w_q, w_k, w_v = _f64(x, w_q, w_k, w_v)
+    d_head = x.shape[-1] // n_heads
+    n_kv_heads = np.asarray(w_k).shape[1] // d_head
+    q = split_heads(linear(x, w_q, b_q), n_heads)
+    k = split_heads(linear(x, w_k, b_k), n_kv_heads)
+    v = split_heads(linear(x, w_v, b_v), n_kv_heads)
+    return linear(merge_heads(attention(q, k, v, causal=causal)), w_o, b_o)
+
+
+def gelu(x) -> np.ndarray:
+    """GPT-2's tanh GELU."""
+    (x,) = _f64(x)
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def ffn(x, w_up, b_up, w_down, b_down) -> np.ndarray:
+    """x: (..., n, d) -> (..., n, d) through a hidden width f."""
+    return linear(gelu(linear(x, w_up, b_up)), w_down, b_down)
+
+
+def layer_norm(x, scale, shift, eps: float = 1e-5) -> np.ndarray:
+    """Per row: scale * (x - mean) / sqrt(biased var + eps) + shift."""
+    x, scale, shift = _f64(x, scale, shift)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return scale * (x - mean) / np.sqrt(var + eps) + shift
+
+
+def gpt_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int | None = None,
+                eps: float = 1e-5) -> np.ndarray:
+    """The whole GPT on one batch, from a ``state_dict`` of :class:`llmcore.model.GPT`.
+
+    params: name -> array (torch tensors are converted); tokens: (b, n) ints -> logits (b, n, v).
+    """
+    p = {name: np.asarray(value.detach().cpu().double() if hasattr(value, "detach") else value,
+                          dtype=np.float64) for name, value in params.items()}
+    tokens = np.asarray(tokens)
+    n = tokens.shape[-1]
+    x = p["token_embedding"][tokens] + p["position_embedding"][:n]
+    d = x.shape[-1]
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_head = d // n_heads
+    layer = 0
+    while f"blocks.{layer}.ln_1.scale" in p:
+        pre = f"blocks.{layer}."
+        h = layer_norm(x, p[pre + "ln_1.scale"], p[pre + "ln_1.shift"], eps)
+        w_qkv, b_qkv = p[pre + "attention.w_qkv"], p[pre + "attention.b_qkv"]
+        cuts = [d, d + n_kv_heads * d_head]
+        w_q, w_k, w_v = np.split(w_qkv, cuts, axis=1)
+        b_q, b_k, b_v = np.split(b_qkv, cuts)
+        x = x + multihead_attention(h, w_q, w_k, w_v, p[pre + "attention.w_o"], n_heads=n_heads,
+                                    b_q=b_q, b_k=b_k, b_v=b_v, b_o=p[pre + "attention.b_o"],
+                                    causal=True)
+        h = layer_norm(x, p[pre + "ln_2.scale"], p[pre + "ln_2.shift"], eps)
+        x = x + ffn(h, p[pre + "ffn.w_up"], p[pre + "ffn.b_up"], p[pre + "ffn.w_down"],
+                    p[pre + "ffn.b_down"])
+        layer += 1
+    x = layer_norm(x, p["ln_f.scale"], p["ln_f.shift"], eps)
+    return x @ p["token_embedding"].T

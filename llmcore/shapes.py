@@ -1,0 +1,149 @@
+"""The shape legend, argument checks that name what they expected, and the head reshapes.
+
+Legend, used in every docstring of the package and in the book::
+
+    b       batch size                 n       query length (tokens computed this step)
+    m       key length (m >= n with a cache)
+    d       d_model                    h       n_heads          d_head = d / h
+    h_kv    n_kv_heads (h_kv <= h)     f       FFN width (4 d)  v      vocab_size
+    p       page (block) size          L       n_layers
+
+Rows are tokens: ``x`` is (n, d) and ``q = x @ w_q`` is (n, d_head) for one head.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+"""The score a masked key gets: exp(-inf) = 0 exactly, so it receives no weight. A row whose keys
+are all masked (a padding query) comes out of :func:`llmcore.softmax.softmax` as all zeros."""
+
+
+def check_tensor(name: str, x: object) -> Tensor:
+    """Raise a TypeError naming ``name`` unless ``x`` is a torch tensor; return it."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def format_shape(pattern: Sequence[int | str]) -> str:
+    """``("...", "n", 8)`` -> ``"(..., n, 8)"``."""
+    return "(" + ", ".join(str(p) for p in pattern) + ")"
+
+
+def check_shape(name: str, x: Tensor, pattern: Sequence[int | str], **known: int) -> dict[str, int]:
+    """Check ``x.shape`` against a pattern of sizes and symbols; return the symbols' sizes.
+
+    pattern: ints must match exactly; strings are symbols, bound on first use and required to be
+    equal wherever they repeat (``known`` binds some up front); a leading ``"..."`` matches any number
+    of leading (batch) dimensions. Raises ValueError naming ``name``, the expected and the actual shape.
+
+    >>> check_shape("q", torch.zeros(2, 5, 8), ("...", "n", "d_head"), d_head=8)
+    {'d_head': 8, 'n': 5}
+    """
+    check_tensor(name, x)
+    sizes = dict(known)
+    dims = list(pattern)
+    leading = bool(dims) and dims[0] == "..."
+    if leading:
+        dims = dims[1:]
+    shape = tuple(x.shape)
+    if (len(shape) < len(dims)) if leading else (len(shape) != len(dims)):
+        raise ValueError(
+            f"{name}: expected shape {_describe(pattern, sizes)}, got {shape} "
+            f"({len(shape)} dimensions instead of {'at least ' if leading else ''}{len(dims)})"
+        )
+    tail = shape[len(shape) - len(dims):]
+    for symbol, size in zip(dims, tail):
+        if isinstance(symbol, str):
+            if sizes.setdefault(symbol, size) != size:
+                raise ValueError(
+                    f"{name}: expected shape {_describe(pattern, sizes)} with {symbol} = "
+                    f"{sizes[symbol]}, got {shape}"
+                )
+        elif symbol != size:
+            raise ValueError(f"{name}: expected shape {_describe(pattern, sizes)}, got {shape}")
+    return sizes
+
+
+def _describe(pattern: Sequence[int | str], sizes: dict[str, int]) -> str:
+    """The pattern with the symbols that are already bound shown with their size."""
+    parts = [f"{p}={sizes[p]}" if isinstance(p, str) and p in sizes else str(p) for p in pattern]
+    return "(" + ", ".join(parts) + ")"
+
+
+def check_same_device(**tensors: Tensor | None) -> torch.device:
+    """Raise a ValueError listing every argument's device unless all are on one device."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        listing = ", ".join(f"{name} on {t.device}" for name, t in present.items())
+        raise ValueError(f"expected all tensors on one device, got {listing}")
+    return next(iter(devices))
+
+
+def check_same_dtype(**tensors: Tensor | None) -> torch.dtype:
+    """Raise a TypeError listing every argument's dtype unless all share one floating dtype."""
+    present = {name: t for name, t in tensors.items() if t is not None}
+    dtypes = {t.dtype for t in present.values()}
+    if len(dtypes) > 1:
+        listing = ", ".join(f"{name} is {t.dtype}" for name, t in present.items())
+        raise TypeError(f"expected one floating dtype for all tensors, got {listing}")
+    dtype = next(iter(dtypes))
+    if not dtype.is_floating_point:
+        name = next(iter(present))
+        raise TypeError(f"{name}: expected a floating-point tensor, got {dtype}")
+    return dtype
+
+
+def check_operands(**tensors: Tensor | None) -> None:
+    """Type, dtype and device checks shared by every matrix-form op (names appear in errors)."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_tensor(name, t)
+    check_same_dtype(**tensors)
+    check_same_device(**tensors)
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """Cut the feature axis into heads and move heads before tokens. A view: no data moves.
+
+    x: (..., n, h * d_head) -> (..., h, n, d_head). Chapter 4.
+    """
+    *lead, n, d = x.shape
+    if d % n_heads:
+        raise ValueError(f"split_heads: last dimension {d} of x {tuple(x.shape)} is not divisible "
+                         f"by n_heads = {n_heads}")
+    return x.view(*lead, n, n_heads, d // n_heads).transpose(-3, -2)   # (..., h, n, d_head)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """Undo :func:`split_heads`: heads side by side again along the features.
+
+    x: (..., h, n, d_head) -> (..., n, h * d_head). After the transpose the memory is no longer
+    row-major, so ``reshape`` copies (``view`` would raise). Chapter 4.
+    """
+    *lead, h, n, d_head = x.shape
+    return x.transpose(-3, -2).reshape(*lead, n, h * d_head)           # (..., n, d)
+
+
+def causal_mask(n: int, m: int, device: torch.device | str | None = None) -> Tensor:
+    """Which keys each query may see: True where query i may attend to key j.
+
+    (n, m) bool, bottom-right aligned: query i is token m - n + i of the sequence, so it sees keys
+    j <= i + (m - n). With m == n this is the lower triangle; with a cache (m > n) the newest
+    queries see every cached key. Chapter 3 (and 7 for m > n).
+
+    >>> causal_mask(2, 4).int().tolist()
+    [[1, 1, 1, 0], [1, 1, 1, 1]]
+    """
+    if n > m:
+        raise ValueError(f"causal_mask: n = {n} queries but only m = {m} keys; expected m >= n "
+                         "(each query is one of the last n keys)")
+    rows = torch.arange(n, device=device).unsqueeze(-1)     # (n, 1)
+    cols = torch.arange(m, device=device)                   # (m,)
+    return cols <= rows + (m - n)                           # (n, m)

@@ -1,0 +1,57 @@
+"""Softmax over the last axis: per row, subtract the maximum, exponentiate, normalise.
+
+Subtracting the row maximum changes nothing mathematically (it cancels in the ratio) but keeps
+``exp`` from overflowing: exp(1000) is inf in float32, exp(1000 - 1000) is 1. A row whose entries
+are all ``-inf`` (every key masked, as for a padding query) has no defined softmax; here it gives
+all zeros instead of NaN, so it adds nothing downstream. Chapter 3.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .shapes import check_tensor
+
+
+def softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
+    """Stable softmax, one row at a time and one entry at a time.
+
+    x: (..., m) -> (..., m) along ``dim``; each row sums to 1, or is all zeros if all -inf. Chapter 3.
+    """
+    check_tensor("x", x)
+    rows = x.movedim(dim, -1)
+    out = torch.empty_like(rows)
+    for idx in np.ndindex(*rows.shape[:-1]):
+        row = rows[idx].tolist()
+        top = max(row)
+        if top == -math.inf:                           # fully masked: no key to attend to
+            out[idx] = 0.0
+            continue
+        exps = [math.exp(value - top) for value in row]  # every exponent <= 0: no overflow
+        total = sum(exps)
+        out[idx] = torch.tensor([e / total for e in exps], dtype=x.dtype, device=x.device)
+    return out.movedim(-1, dim)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Same contract as :func:`softmax_loop`, every row at once.
+
+    x: (..., m) -> (..., m). Follows x's device and dtype. Chapter 3.
+    """
+    check_tensor("x", x)
+    top = x.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))   # all -inf row: shift by 0
+    exps = torch.exp(x - top)
+    total = exps.sum(dim=dim, keepdim=True)
+    return exps / torch.where(total > 0, total, torch.ones_like(total))  # 0 / 1 = 0 for such rows
+
+
+def softmax_naive(x: Tensor, dim: int = -1) -> Tensor:
+    """Softmax without the max shift, kept to show what goes wrong: exp overflows to inf and
+    inf / inf is NaN for logits above about 88 in float32. Do not use. Chapter 3."""
+    exps = torch.exp(x)
+    return exps / exps.sum(dim=dim, keepdim=True)
