@@ -44,8 +44,25 @@ browser:
 bench: $(STAMP)
 	$(BIN)/python -m llmcore.bench
 
+# JupyterLab on the course: chapters/*.md open as notebooks (jupytext).
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=.
+
+# Train the shipped tiny model again from scratch (about 15 minutes on 2 CPU cores).
+train: $(STAMP)
+	$(BIN)/python -m llmcore.train
+
+# Instructor: regenerate exercises/ (student notebooks) from solutions/.
+exercises: $(STAMP)
+	$(BIN)/python -m llmcore.grading release
+
+# Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
+check: $(STAMP)
+	$(BIN)/python -m llmcore.grading check $(NB)
+
+# Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
+grade: $(STAMP)
+	$(BIN)/python -m llmcore.grading grade
 
 clean:
 	rm -rf _build
