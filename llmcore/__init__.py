@@ -6,6 +6,7 @@ Importing llmcore has no side effects: it prints nothing and picks no device.
 """
 
 from .attention import attention, attention_loop
+from .batching import generate_batch, pad_batch
 from .checkpoint import load_gpt2, save_gpt2
 from .device import describe_machine, pick_device
 from .ffn import ffn, ffn_loop, gelu
@@ -16,13 +17,17 @@ from .model import GPT, GPTConfig
 from .multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
                         multihead_attention_qkv, qkv_projection)
 from .norm import layer_norm, layer_norm_loop
+from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
+from .prefix import SharedPrefixCache
+from .serving import Request, Scheduler, serve
 from .shapes import NEG_INF, causal_mask, merge_heads, split_heads
 from .softmax import softmax, softmax_loop
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GPT", "GPTConfig", "KVCache", "NEG_INF", "attention", "attention_loop", "causal_mask",
+    "BlockAllocator", "GPT", "GPTConfig", "KVCache", "OutOfBlocks", "PagedKVCache", "Request",
+    "Scheduler", "SharedPrefixCache", "generate_batch", "pad_batch", "serve", "NEG_INF", "attention", "attention_loop", "causal_mask",
     "decode_steps", "describe_machine", "dot_loop", "ffn", "ffn_loop", "fuse_qkv", "gelu",
     "generate", "kv_bytes_per_token", "layer_norm", "layer_norm_loop", "linear", "linear_loop",
     "load_gpt2", "matmul", "matmul_loop", "merge_heads", "multihead_attention",

@@ -61,12 +61,16 @@ class KVCache:
         self.grow_count = 0
 
     @classmethod
-    def for_model(cls, model, batch_size: int, *, capacity: int | None = None) -> "KVCache":
-        """An empty cache shaped for ``model`` (a :class:`llmcore.model.GPT`), on its device."""
+    def for_model(cls, model, batch_size: int, *, capacity: int | None = None,
+                  max_tokens: int | None = None) -> "KVCache":
+        """An empty cache shaped for ``model`` (a :class:`llmcore.model.GPT`), on its device.
+
+        max_tokens: the most tokens per sequence it will hold (default: the model's max_seq_len).
+        """
         c = model.config
         return cls(n_layers=c.n_layers, batch_size=batch_size, n_kv_heads=c.kv_heads,
-                   d_head=c.d_head, max_seq_len=c.max_seq_len, capacity=capacity,
-                   device=model.device, dtype=model.dtype)
+                   d_head=c.d_head, max_seq_len=c.max_seq_len if max_tokens is None else max_tokens,
+                   capacity=capacity, device=model.device, dtype=model.dtype)
 
     @property
     def capacity(self) -> int:
@@ -81,6 +85,13 @@ class KVCache:
         return self.keys[0].device
 
     def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        self.reserve(b, n)
+        past_valid = None if self.valid is None else self.valid[:, :self.length]
+        return contiguous_layout(b, n, past_slots=self.length, past_valid=past_valid,
+                                 attention_mask=attention_mask, device=self.device)
+
+    def reserve(self, b: int, n: int) -> None:
+        """Check that n more tokens for b sequences fit, and grow the buffers if needed."""
         if b != self.batch_size:
             raise ValueError(f"batch-size mismatch: tokens hold b = {b} sequences, the cache holds "
                              f"{self.batch_size}")
@@ -89,9 +100,6 @@ class KVCache:
                              f"{self.max_seq_len}")
         if self.length + n > self.capacity:
             self._grow(self.length + n)
-        past_valid = None if self.valid is None else self.valid[:, :self.length]
-        return contiguous_layout(b, n, past_slots=self.length, past_valid=past_valid,
-                                 attention_mask=attention_mask, device=self.device)
 
     def _grow(self, needed: int) -> None:
         """Double the capacity (at least to ``needed``, at most max_seq_len): one copy of the past."""

@@ -1,0 +1,307 @@
+"""Paged attention's KV cache: fixed-size blocks in one pool, a block table per sequence.
+
+A contiguous cache reserves room for the longest possible sequence up front; most of it is never
+used. Here each layer's K and V live in one pool of blocks of p token slots, (blocks, h_kv, p,
+d_head). A sequence owns a list of block ids, its block table; token t of the sequence sits in
+block table[t // p] at slot t % p. Blocks are handed out from a free list as sequences grow and
+returned when they finish, so the only unused reserved room is the unfilled tail of each
+sequence's last block: under p slots per sequence.
+
+Sequences can share blocks: a fork (several continuations of one prompt) copies the parent's
+block table and raises each block's reference count instead of copying data. A block is written
+only when its owner alone references it; appending into a shared, partly filled block first copies
+it (copy on write). Chapter 9.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+from .kvcache import kv_bytes_per_token
+from .layout import Layout, ragged_layout
+from .shapes import check_operands, check_shape
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has too few free blocks for what was asked; nothing was changed."""
+
+
+class BlockAllocator:
+    """Hands out block ids from a free list and counts references to each block.
+
+    Invariants (see :meth:`check`): a block is free exactly when its count is 0; the free list
+    holds each free block once; free + used == num_blocks. Chapter 9.
+    """
+
+    def __init__(self, num_blocks: int):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.free_list: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_list)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_list)
+
+    def _check_id(self, block: int) -> None:
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block id {block} is outside the pool [0, {self.num_blocks})")
+
+    def allocate(self) -> int:
+        """A free block, now referenced once."""
+        if not self.free_list:
+            raise OutOfBlocks(f"no free block left (all {self.num_blocks} are in use)")
+        block = self.free_list.popleft()
+        self.ref_counts[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more reference to a block in use (a forked sequence)."""
+        self._check_id(block)
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"block {block} is free; only a block in use can be shared")
+        self.ref_counts[block] += 1
+
+    def free(self, block: int) -> None:
+        """Drop one reference; the block returns to the free list when none is left."""
+        self._check_id(block)
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"double free: block {block} is already free")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_list.append(block)
+
+    def check(self) -> None:
+        """Raise AssertionError if an invariant is broken."""
+        free = list(self.free_list)
+        assert len(free) == len(set(free)), f"a block is on the free list twice: {free}"
+        for block in range(self.num_blocks):
+            on_list = block in set(free)
+            assert on_list == (self.ref_counts[block] == 0), \
+                f"block {block}: reference count {self.ref_counts[block]}, on free list {on_list}"
+        assert self.num_free + self.num_used == self.num_blocks
+
+
+@dataclass
+class SequenceBlocks:
+    """A sequence's block table and how many tokens it holds."""
+
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+class PagedKVCache:
+    """Per layer, K and V pools of shape (num_blocks, h_kv, p, d_head), shared by all sequences.
+
+    Sequences are named by any hashable id: ``add_sequence``, ``fork``, ``free_sequence``.
+    ``cache.batch([id, ...])`` is what the model takes as its cache for one forward call over
+    those sequences (one row of tokens each, in that order). Chapter 9.
+    """
+
+    def __init__(self, *, n_layers: int, n_kv_heads: int, d_head: int, block_size: int,
+                 num_blocks: int, max_seq_len: int, device=None,
+                 dtype: torch.dtype = torch.float32):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.n_layers, self.n_kv_heads, self.d_head = n_layers, n_kv_heads, d_head
+        self.block_size, self.max_seq_len = block_size, max_seq_len
+        shape = (num_blocks, n_kv_heads, block_size, d_head)
+        self.key_pools = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.value_pools = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.allocator = BlockAllocator(num_blocks)
+        self.sequences: dict[Hashable, SequenceBlocks] = {}
+        self.copy_on_write_count = 0
+
+    @classmethod
+    def for_model(cls, model, *, block_size: int, num_blocks: int) -> "PagedKVCache":
+        """An empty pool shaped for ``model`` (a :class:`llmcore.model.GPT`), on its device."""
+        c = model.config
+        return cls(n_layers=c.n_layers, n_kv_heads=c.kv_heads, d_head=c.d_head,
+                   block_size=block_size, num_blocks=num_blocks, max_seq_len=c.max_seq_len,
+                   device=model.device, dtype=model.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.key_pools[0].device
+
+    # -- sequences -------------------------------------------------------------------------
+    def _get(self, seq_id: Hashable) -> SequenceBlocks:
+        if seq_id not in self.sequences:
+            raise KeyError(f"unknown sequence {seq_id!r} (never added, or already freed)")
+        return self.sequences[seq_id]
+
+    def add_sequence(self, seq_id: Hashable) -> None:
+        """Start an empty sequence; it takes blocks as its tokens arrive."""
+        if seq_id in self.sequences:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+        self.sequences[seq_id] = SequenceBlocks()
+
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        """Start ``child`` as a copy of ``parent`` that shares all its blocks (no data copied)."""
+        source = self._get(parent)
+        if child in self.sequences:
+            raise ValueError(f"sequence {child!r} already exists")
+        for block in source.blocks:
+            self.allocator.share(block)
+        self.sequences[child] = SequenceBlocks(list(source.blocks), source.length)
+
+    def free_sequence(self, seq_id: Hashable) -> None:
+        """Return a finished sequence's blocks (shared ones stay with their other owners)."""
+        seq = self._get(seq_id)
+        for block in seq.blocks:
+            self.allocator.free(block)
+        del self.sequences[seq_id]
+
+    def length(self, seq_id: Hashable) -> int:
+        return self._get(seq_id).length
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        return list(self._get(seq_id).blocks)
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold ``tokens`` tokens: ceil(tokens / p)."""
+        return math.ceil(tokens / self.block_size)
+
+    def blocks_needed(self, seq_id: Hashable, n: int) -> int:
+        """New blocks that appending n tokens to the sequence takes, copy on write included."""
+        seq = self._get(seq_id)
+        new = self.blocks_for(seq.length + n) - len(seq.blocks)
+        partly_filled = seq.length % self.block_size != 0
+        if n > 0 and partly_filled and self.allocator.ref_counts[seq.blocks[-1]] > 1:
+            new += 1                                    # the shared last block gets copied
+        return new
+
+    def _make_room(self, seq_id: Hashable, n: int) -> None:
+        """Copy a shared last block if it will be written, then add blocks for n more tokens."""
+        seq = self._get(seq_id)
+        if n > 0 and seq.length % self.block_size and \
+                self.allocator.ref_counts[seq.blocks[-1]] > 1:
+            old, new = seq.blocks[-1], self.allocator.allocate()
+            for pool in (*self.key_pools, *self.value_pools):
+                pool[new] = pool[old]
+            self.allocator.free(old)                     # one reference fewer on the shared one
+            seq.blocks[-1] = new
+            self.copy_on_write_count += 1
+        while len(seq.blocks) < self.blocks_for(seq.length + n):
+            seq.blocks.append(self.allocator.allocate())
+
+    def batch(self, seq_ids: Sequence[Hashable]) -> "PagedBatch":
+        """The cache view for one forward call over these sequences, in this order."""
+        return PagedBatch(self, list(seq_ids))
+
+    # -- memory ----------------------------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        element = self.key_pools[0].element_size()
+        return self.block_size * kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.d_head,
+                                                    element)
+
+    def reserved_bytes(self) -> int:
+        """The whole pool, in use or free."""
+        return sum(t.numel() * t.element_size() for t in (*self.key_pools, *self.value_pools))
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the blocks that sequences hold (shared blocks once)."""
+        return self.allocator.num_used * self.bytes_per_block()
+
+    def tokens_stored(self) -> int:
+        """Token slots filled in blocks in use, a shared block counted once."""
+        filled: dict[int, int] = {}
+        for seq in self.sequences.values():
+            for i, block in enumerate(seq.blocks):
+                fill = min(self.block_size, seq.length - i * self.block_size)
+                filled[block] = max(filled.get(block, 0), fill)
+        return sum(filled.values())
+
+    def used_bytes(self) -> int:
+        element = self.key_pools[0].element_size()
+        return self.tokens_stored() * kv_bytes_per_token(self.n_layers, self.n_kv_heads,
+                                                         self.d_head, element)
+
+
+class PagedBatch:
+    """The cache protocol of :mod:`llmcore.kvcache` over some sequences of a
+    :class:`PagedKVCache`. Sequences may have different lengths; no padding is involved."""
+
+    def __init__(self, cache: PagedKVCache, seq_ids: list[Hashable]):
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"a sequence appears twice in the batch: {seq_ids}")
+        for seq_id in seq_ids:
+            cache._get(seq_id)
+        self.cache, self.seq_ids = cache, seq_ids
+        self._pending: tuple[Tensor, Tensor, Tensor, int] | None = None
+
+    @property
+    def max_length(self) -> int:
+        return max((self.cache.length(s) for s in self.seq_ids), default=0)
+
+    def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        cache = self.cache
+        if b != len(self.seq_ids):
+            raise ValueError(f"batch-size mismatch: tokens hold b = {b} sequences, the batch "
+                             f"names {len(self.seq_ids)}")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("a paged batch takes no padding: each sequence has its own length, "
+                             "so run prompts of different lengths in separate calls")
+        for seq_id in self.seq_ids:
+            if cache.length(seq_id) + n > cache.max_seq_len:
+                raise ValueError(f"sequence {seq_id!r}: {cache.length(seq_id)} cached + {n} new "
+                                 f"tokens > max_seq_len = {cache.max_seq_len}")
+        needed = sum(cache.blocks_needed(s, n) for s in self.seq_ids)
+        if needed > cache.allocator.num_free:
+            raise OutOfBlocks(f"{needed} free blocks needed for {n} more token(s) in "
+                              f"{len(self.seq_ids)} sequence(s), {cache.allocator.num_free} free")
+        for seq_id in self.seq_ids:
+            cache._make_room(seq_id, n)
+        p, device = cache.block_size, cache.device
+        seqs = [cache.sequences[s] for s in self.seq_ids]
+        positions = [[seq.length + i for i in range(n)] for seq in seqs]
+        write_blocks = torch.tensor([[seq.blocks[t // p] for t in row]
+                                     for seq, row in zip(seqs, positions)], device=device)
+        write_slots = torch.tensor([[t % p for t in row] for row in positions], device=device)
+        widest = max(len(seq.blocks) for seq in seqs)
+        tables = torch.tensor([seq.blocks + [0] * (widest - len(seq.blocks)) for seq in seqs],
+                              device=device)                      # (b, blocks); 0 pads, masked
+        lengths = torch.tensor([seq.length for seq in seqs], device=device)
+        self._pending = (write_blocks, write_slots, tables, int(lengths.max()) + n)
+        return ragged_layout(lengths, n)
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new rows into their blocks; gather each sequence's blocks back in order.
+
+        k, v: (b, h_kv, n, d_head) -> (b, h_kv, m, d_head), m = longest length + n; a shorter
+        sequence's extra slots hold whatever its padding block holds and are masked."""
+        if self._pending is None:
+            raise RuntimeError("update() before prepare(): the model calls prepare first")
+        write_blocks, write_slots, tables, m = self._pending
+        cache = self.cache
+        key_pool, value_pool = cache.key_pools[layer], cache.value_pools[layer]
+        check_operands(k=k, v=v, pool=key_pool)
+        b = len(self.seq_ids)
+        sizes = check_shape("k", k, (b, cache.n_kv_heads, "n", cache.d_head))
+        check_shape("v", v, (b, cache.n_kv_heads, "n", cache.d_head), **sizes)
+        key_pool[write_blocks, :, write_slots] = k.transpose(1, 2)      # (b, n, h_kv, d_head)
+        value_pool[write_blocks, :, write_slots] = v.transpose(1, 2)
+        return self._gather(key_pool, tables, m), self._gather(value_pool, tables, m)
+
+    @staticmethod
+    def _gather(pool: Tensor, tables: Tensor, m: int) -> Tensor:
+        blocks = pool[tables]                                  # (b, blocks, h_kv, p, d_head)
+        b, count, h_kv, p, d_head = blocks.shape
+        rows = blocks.transpose(1, 2).reshape(b, h_kv, count * p, d_head)
+        return rows[:, :, :m]                                  # (b, h_kv, m, d_head)
+
+    def commit(self, n: int, attention_mask: Tensor | None) -> None:
+        for seq_id in self.seq_ids:
+            self.cache.sequences[seq_id].length += n
+        self._pending = None
