@@ -67,17 +67,14 @@ def contiguous_layout(b: int, n: int, *, past_slots: int, past_valid: Tensor | N
     return Layout(positions, mask)
 
 
-def ragged_layout(lengths: Tensor, n: int) -> Layout:
+def ragged_layout(lengths: list[int], n: int, device: torch.device) -> Layout:
     """Layout for sequences with their own cached lengths (a paged cache), n new tokens each.
 
-    lengths: (b,) long, tokens already cached per sequence. Keys are gathered into
-    m = max(lengths) + n slots; sequence s's key j is real if j < lengths[s] + n, and its new token i
-    (at position lengths[s] + i) sees keys j <= lengths[s] + i.
+    lengths: b ints, tokens already cached per sequence. Keys are gathered into
+    m = max(lengths) + n slots; sequence s's new token i sits at position lengths[s] + i and sees
+    key slots j <= lengths[s] + i (slots past its own length are never seen).
     """
-    device = lengths.device
-    steps = torch.arange(n, device=device)
-    positions = lengths[:, None] + steps                                      # (b, n)
-    m = int(lengths.max()) + n
-    slots = torch.arange(m, device=device)
+    positions = torch.tensor(lengths, device=device)[:, None] + torch.arange(n, device=device)
+    slots = torch.arange(max(lengths) + n, device=device)                     # (m,)
     mask = slots[None, None, :] <= positions[:, :, None]                      # (b, n, m)
     return Layout(positions, mask.unsqueeze(1))                               # (b, 1, n, m)

@@ -272,9 +272,9 @@ class PagedBatch:
         widest = max(len(seq.blocks) for seq in seqs)
         tables = torch.tensor([seq.blocks + [0] * (widest - len(seq.blocks)) for seq in seqs],
                               device=device)                      # (b, blocks); 0 pads, masked
-        lengths = torch.tensor([seq.length for seq in seqs], device=device)
-        self._pending = (write_blocks, write_slots, tables, int(lengths.max()) + n)
-        return ragged_layout(lengths, n)
+        lengths = [seq.length for seq in seqs]
+        self._pending = (write_blocks, write_slots, tables, max(lengths) + n)
+        return ragged_layout(lengths, n, device)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new rows into their blocks; gather each sequence's blocks back in order.
