@@ -72,6 +72,8 @@ def test_plot_timings_returns_a_figure_with_two_panels():
     assert left.get_xlabel() == right.get_xlabel() == "tokens"
     assert "seconds" in left.get_ylabel() and "GFLOP/s" in right.get_ylabel()
     assert fig.get_suptitle() == "projection"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:2] == ["loops", "torch"] and "peak" in legend[2]
 
 
 def test_an_axes_passed_in_is_drawn_into():

@@ -179,13 +179,19 @@ def plot_timings(times: Series, flops: Callable[[float], float], *,
                  title: str | None = None) -> Figure:
     """The usual figure of a timing cell: :func:`plot_times` and :func:`plot_gflops` side by side.
 
-    Returns the Figure (two Axes: time on the left, GFLOP/s on the right). Chapter 2.
+    Returns the Figure (two Axes: time on the left, GFLOP/s on the right, one legend for both
+    below them). Chapter 2.
     """
     data = check_series("times", times)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 3.8), layout="constrained")
     plt.close(fig)
     plot_times(data, xlabel=xlabel, ax=left)
     plot_gflops(data, flops, peak_gflops=peak_gflops, xlabel=xlabel, ax=right)
+    handles, labels = right.get_legend_handles_labels()     # every series, and the peak
+    for ax in (left, right):
+        ax.get_legend().remove()
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)),
+               fontsize="small", frameon=False)               # one legend, below both panels
     if title:
         fig.suptitle(title)
     return fig
