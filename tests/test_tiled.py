@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -59,11 +60,13 @@ def test_online_softmax_step_rescales_to_the_new_maximum():
     running_max = torch.tensor([[float("-inf")], [float("-inf")]], dtype=torch.float64)
     running_sum = torch.zeros(2, 1, dtype=torch.float64)
     first = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float64)
-    running_max, running_sum, rescale, weights = online_softmax_step(running_max, running_sum, first)
+    running_max, running_sum, rescale, weights = online_softmax_step(running_max, running_sum,
+                                                                     first)
     assert running_max[1].item() == float("-inf") and running_sum[1].item() == 0.0   # nothing seen
     assert torch.equal(rescale, torch.zeros(2, 1, dtype=torch.float64))              # exp(-inf)
     second = torch.tensor([[3.0, 2.0], [5.0, float("-inf")]], dtype=torch.float64)
-    running_max, running_sum, rescale, weights = online_softmax_step(running_max, running_sum, second)
+    running_max, running_sum, rescale, weights = online_softmax_step(running_max, running_sum,
+                                                                     second)
     assert running_max.flatten().tolist() == [3.0, 5.0]
     testing.assert_close(rescale[0], [math.exp(1.0 - 3.0)], **F64)    # old max 1 -> new max 3
     testing.assert_close(weights, [[1.0, math.exp(-1.0)], [1.0, 0.0]], **F64)
@@ -139,7 +142,6 @@ def test_tiled_padding_mask_as_the_model_builds_it(rng):
        seed=st.integers(0, 2**16))
 def test_tiled_random_shapes_and_tiles(b, h_kv, group, n, extra, d_head, block_q, block_k,
                                        causal, seed):
-    import numpy as np
     rng = np.random.default_rng(seed)
     q, k, v = qkv(rng, b, h_kv * group, h_kv, n, n + extra, d_head)
     testing.assert_close(tiled_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k),
@@ -200,6 +202,7 @@ def test_tiled_follows_dtype(rng):
     (dict(mask_dtype=torch.float32), TypeError, "mask"),
 ])
 def test_tiled_bad_arguments(kwargs, error, words, rng):
+    kwargs = dict(kwargs)                                        # the parameter itself stays intact
     q_len = kwargs.pop("q_len", 5)
     mask_dtype = kwargs.pop("mask_dtype", None)
     q, k, v = qkv(rng, 1, 2, 2, q_len, 6, 4)
@@ -237,9 +240,9 @@ def one_thread():
 def test_tiled_peak_memory_far_below_the_score_matrix(one_thread, rng):
     n, d_head = 4096, 16
     q, k, v = qkv(rng, 1, 1, 1, n, n, d_head, dtype=torch.float32)
-    score_bytes = n * n * 4                                       # one (n, n) float32 matrix: 64 MiB
+    score_bytes = n * n * 4                             # one (n, n) float32 matrix: 64 MiB
     explicit = peak_memory(attention, q, k, v, causal=True)
     tiled = peak_memory(tiled_attention, q, k, v, causal=True, block_q=256, block_k=256)
-    assert explicit >= score_bytes, f"explicit peak {explicit} B < the (n, n) scores {score_bytes} B"
+    assert explicit >= score_bytes, f"explicit peak {explicit} B < (n, n) scores {score_bytes} B"
     assert tiled < score_bytes / 16, f"tiled peak {tiled} B is not far below {score_bytes} B"
     assert tiled >= q.numel() * 4                                 # it does count the output
