@@ -253,7 +253,7 @@ def plot_matrices(*items: str | MatrixItem, cell: float = 0.45, fmt: Format = No
     widths = []
     for entry in parsed:
         if len(entry) == 2:
-            widths.append(0.9)
+            widths.append(max(0.9, 0.5 + 0.2 * len(entry[1])))       # room for a word
         else:
             widths.append(entry[1].shape[1] + 0.1 + label_margin(entry[3].get("row_labels")))
     gap = 0.3
@@ -265,8 +265,8 @@ def plot_matrices(*items: str | MatrixItem, cell: float = 0.45, fmt: Format = No
         ax = fig.add_axes((left / total, 0.0, width / total, 1.0))
         left += width + gap
         if len(entry) == 2:
-            ax.text(0.5, 0.5, entry[1], ha="center", va="center", fontsize=14,
-                    transform=ax.transAxes)
+            ax.text(0.5, 0.5, entry[1], ha="center", va="center",
+                    fontsize=14 if len(entry[1]) <= 2 else 10, transform=ax.transAxes)
             ax.axis("off")
             continue
         name, array, original, options = entry
