@@ -17,11 +17,14 @@ from .model import GPT, GPTConfig
 from .multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
                         multihead_attention_qkv, qkv_projection)
 from .norm import layer_norm, layer_norm_loop
+from .memory_probe import peak_memory
 from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
+from .parallel import shard_attention_weights, tensor_parallel_attention
 from .prefix import SharedPrefixCache
 from .serving import Request, Scheduler, serve
 from .shapes import NEG_INF, causal_mask, merge_heads, split_heads
 from .softmax import softmax, softmax_loop
+from .tiled import online_softmax, online_softmax_loop, tiled_attention
 
 __version__ = "0.1.0"
 
@@ -32,5 +35,7 @@ __all__ = [
     "generate", "kv_bytes_per_token", "layer_norm", "layer_norm_loop", "linear", "linear_loop",
     "load_gpt2", "matmul", "matmul_loop", "merge_heads", "multihead_attention",
     "multihead_attention_loop", "multihead_attention_qkv", "pick_device", "qkv_projection",
-    "sample", "save_gpt2", "softmax", "softmax_loop", "split_heads",
+    "online_softmax", "online_softmax_loop", "peak_memory", "sample", "save_gpt2",
+    "shard_attention_weights", "softmax", "softmax_loop", "split_heads", "tensor_parallel_attention",
+    "tiled_attention",
 ]

@@ -26,8 +26,9 @@ BACKENDS = ("explicit", "fused")
 kernel. Chosen by the caller with ``backend=``; nothing probes the environment."""
 
 
-def _check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> int:
-    """Shapes, dtypes and devices of an attention call; returns the query heads per K/V head."""
+def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> int:
+    """Check the shapes, dtypes and devices of an attention call (errors name the argument, the
+    expected and the actual shape); return g, the query heads per K/V head (h / h_kv)."""
     check_operands(q=q, k=k, v=v)
     sizes = check_shape("q", q, ("...", "n", "d_head"))
     sizes = check_shape("k", k, ("...", "m", "d_head"), **sizes)
@@ -69,7 +70,7 @@ def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     mask: bool, broadcastable to (..., h, n, m); True where a query may attend to a key.
     A query that may see no key at all gets a zero row. Chapter 3.
     """
-    group = _check_attention_inputs(q, k, v, mask)
+    group = check_attention_inputs(q, k, v, mask)
     n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
     allowed = torch.ones(n, m, dtype=torch.bool, device=q.device)
     if causal:
@@ -103,12 +104,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    group = _check_attention_inputs(q, k, v, mask)
+    group = check_attention_inputs(q, k, v, mask)
     n, m = q.shape[-2], k.shape[-2]
     allowed = causal_mask(n, m, q.device) if causal else None
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     if backend == "fused":
+        if causal and mask is None and n == m:      # the kernel's own causal rule (top-left
+            return F.scaled_dot_product_attention(  # aligned) is the same when n == m, and it
+                q, k, v, is_causal=True, enable_gqa=group > 1)   # never builds an (n, m) mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=group > 1)
         if allowed is not None:                     # rows with no visible key: zeros, as explicit
             out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)

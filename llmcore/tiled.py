@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import _check_attention_inputs
+from .attention import check_attention_inputs
 from .shapes import NEG_INF, check_tensor
 
 DEFAULT_BLOCK = 128
@@ -128,7 +128,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     (..., h, block_q, block_k) score tile plus (..., h, block_q, d_head) accumulators.
     Follows the inputs' device and dtype. Chapter 10.
     """
-    group = _check_attention_inputs(q, k, v, mask)
+    group = check_attention_inputs(q, k, v, mask)
     block_q, block_k = _check_block("block_q", block_q), _check_block("block_k", block_k)
     n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
     if causal and n > m:
