@@ -33,9 +33,14 @@ def test_one_panel_per_head_showing_the_weights(rng):
         assert image.get_clim() == (0.0, 1.0)                 # one scale for every panel
     titles = [ax.get_title() for ax in fig.axes if ax.images]
     assert titles == ["head 0", "head 1", "head 2"]
-    first = fig.axes[0]
-    assert [t.get_text() for t in first.get_xticklabels()] == ["a", "b", "\u00b7", "c", "d", "\\n"]
-    assert len(fig.axes) == 4                                    # three panels and a colour bar
+    panels = [ax for ax in fig.axes if ax.images]                # a 2 x 2 grid, one left empty
+    labels_shown = ["a", "b", "\u00b7", "c", "d", "\\n"]
+    ticks = lambda axis: [t.get_text() for t in axis.get_ticklabels() if t.get_visible()]
+    assert ticks(panels[2].xaxis) == labels_shown                # bottom row: key labels
+    assert ticks(panels[0].yaxis) == labels_shown == ticks(panels[2].yaxis)   # left column
+    assert ticks(panels[0].xaxis) == [] and ticks(panels[1].yaxis) == []      # inner: none
+    assert panels[1].get_xlabel() == "key" and panels[1].get_ylabel() == ""
+    assert len(fig.axes) == 5                         # three panels, an empty slot, a colour bar
     assert fig._suptitle.get_text() == "layer 0"
     assert not plt.fignum_exists(fig.number)
 

@@ -103,11 +103,13 @@ def _check_labels(labels: Sequence[str] | None, m: int) -> list[str] | None:
 def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None = None,
                  col_labels: Sequence[str] | None = None, title: str | None = None,
                  vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis",
-                 xlabel: str = "key", ylabel: str = "query", fontsize: float = 7.0) -> AxesImage:
+                 xlabel: str = "key", ylabel: str = "query", fontsize: float = 7.0,
+                 ticks: bool = True) -> AxesImage:
     """Draw the matrix ``values`` (r, c) on ``ax``, one square per entry, coloured from vmin to vmax.
 
-    row_labels / col_labels: one tick label per row / column (or None for index numbers). Returns
-    the image, for a colour bar. Chapter 3.
+    row_labels / col_labels: one tick label per row / column (or None for index numbers).
+    ticks: False leaves the tick positions and labels alone (for an Axes that shares them with
+    one already set up). Returns the image, for a colour bar. Chapter 3.
     """
     if not isinstance(ax, Axes):
         raise TypeError(f"ax: expected a matplotlib Axes, got {type(ax).__name__}")
@@ -122,9 +124,11 @@ def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None =
     image = ax.imshow(array, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
     for axis, labels, size, name in ((ax.xaxis, col_labels, c, "col_labels"),
                                      (ax.yaxis, row_labels, r, "row_labels")):
+        if labels is not None and len(labels) != size:
+            raise ValueError(f"{name}: expected {size} labels, got {len(labels)}")
+        if not ticks:
+            continue
         if labels is not None:
-            if len(labels) != size:
-                raise ValueError(f"{name}: expected {size} labels, got {len(labels)}")
             axis.set_ticks(range(size), [str(label) for label in labels], fontsize=fontsize)
         else:
             step = max(1, math.ceil(size / 12))
@@ -142,7 +146,7 @@ def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None =
 
 def plot_attention(weights: object, labels: Sequence[str] | None = None, *,
                    heads: Sequence[int] | None = None, title: str | None = None,
-                   ncols: int = 4, cmap: str = "viridis", panel: float | None = None) -> Figure:
+                   ncols: int = 2, cmap: str = "viridis", panel: float | None = None) -> Figure:
     """The attention weights of one layer as heatmaps, one panel per head, one shared colour bar.
 
     weights: (h, n, m) or (n, m), entries in [0, 1] (e.g. ``probe.attention_weights(...)[0]``).
@@ -166,13 +170,18 @@ def plot_attention(weights: object, labels: Sequence[str] | None = None, *,
     cols = min(ncols, len(heads))
     rows = math.ceil(len(heads) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 0.8, side * rows + 0.4),
-                             layout="constrained", squeeze=False)
+                             layout="constrained", squeeze=False, sharex=True, sharey=True)
     plt.close(fig)            # out of pyplot's registry: the caller owns (and displays) it
     image = None
-    for ax, head in zip(axes.flat, heads):
+    for index, (ax, head) in enumerate(zip(axes.flat, heads)):
         image = draw_heatmap(ax, array[head], row_labels=None if labels is None else labels[m - n:],
                              col_labels=labels, title=f"head {head}", cmap=cmap,
-                             fontsize=7.0 if m <= 40 else 5.5)
+                             fontsize=7.0 if m <= 40 else 5.5,
+                             xlabel="key" if index + cols >= len(heads) else "",
+                             ylabel="query" if index % cols == 0 else "",
+                             ticks=index == 0)             # shared axes: set once, for all
+        # tick labels only on the outer panels (the axes are shared): fewer texts to lay out
+        ax.tick_params(labelbottom=index + cols >= len(heads), labelleft=index % cols == 0)
     for ax in list(axes.flat)[len(heads):]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
