@@ -41,6 +41,9 @@ def test_one_panel_per_head_showing_the_weights(rng):
     assert ticks(panels[0].xaxis) == [] and ticks(panels[1].yaxis) == []      # inner: none
     assert panels[1].get_xlabel() == "key" and panels[1].get_ylabel() == ""
     assert len(fig.axes) == 5                         # three panels, an empty slot, a colour bar
+    sizes = {t.get_fontsize() for ax in panels for axis in (ax.xaxis, ax.yaxis)
+             for t in axis.get_ticklabels() if t.get_visible()}
+    assert len(sizes) == 1                            # every panel's labels alike
     assert fig._suptitle.get_text() == "layer 0"
     assert not plt.fignum_exists(fig.number)
 

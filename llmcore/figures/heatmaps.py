@@ -136,7 +136,7 @@ def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None =
                            fontsize=fontsize)
     if col_labels is not None:
         ax.tick_params(axis="x", labelrotation=90)
-    ax.tick_params(length=0)
+    ax.tick_params(length=0, labelsize=fontsize)     # per Axes, even where ticks are shared
     ax.set_xlabel(xlabel, fontsize=fontsize + 1)
     ax.set_ylabel(ylabel, fontsize=fontsize + 1)
     if title:
