@@ -1,0 +1,360 @@
+"""The graded exercises end to end, with the real nbgrader and a real gradebook (sqlite in a
+temporary folder): release, the learner's check, the instructor's grade.
+
+One class is graded in one run (one nbgrader autograde per assignment): a student with every
+solution, a student with every untouched release, and the wrong and broken submissions of
+tests/grading/mutants.py, each of which states its score and which test cells fail. The fast
+tests at the top check the helpers the notebooks' test cells use.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmcore
+import llmcore.reference
+from llmcore import grading
+from llmcore.grading import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
+                             watch_torch_calls)
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead": "multihead",
+               "04_kv_cache": "kv_cache"}
+CELL_TIMEOUT = 10          # seconds; the submission that loops forever costs one of these
+
+_spec = importlib.util.spec_from_file_location("grading_mutants",
+                                               ROOT / "tests" / "grading" / "mutants.py")
+mutants = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = mutants          # dataclasses look their module up while building
+_spec.loader.exec_module(mutants)
+SUBMISSIONS = mutants.WRONG + mutants.BROKEN
+
+
+# ------------------------------------------------------------------------------------------------
+# The test cells' helpers (no kernel, fast)
+# ------------------------------------------------------------------------------------------------
+
+X = torch.arange(12.0).reshape(3, 4) / 10
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.softmax(X, -1), lambda: F.softmax(X, -1), lambda: X.softmax(-1),
+    lambda: torch.nn.Softmax(dim=-1)(X), lambda: X.log_softmax(-1).exp(),
+    lambda: llmcore.softmax(X), lambda: llmcore.softmax_loop(X),
+    lambda: torch.from_numpy(llmcore.reference.softmax(X.numpy())),
+], ids=["torch", "F", "method", "module", "log_softmax", "llmcore", "llmcore_loop", "reference"])
+def test_forbid_catches_every_softmax(call):
+    with pytest.raises(NotAllowedError, match="softmax.*compute it yourself.*Use exp"):
+        with forbid(*SOFTMAXES, hint="Use exp."):
+            call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: X @ X.T, lambda: torch.matmul(X, X.T), lambda: torch.mm(X, X.T),
+    lambda: torch.einsum("ij,kj->ik", X, X), lambda: X[0].dot(X[1]), lambda: F.linear(X, X),
+    lambda: np.dot(X.numpy(), X.numpy().T), lambda: llmcore.matmul_loop(X, X.T),
+    lambda: llmcore.dot_loop(X[0], X[1]),
+], ids=["@", "matmul", "mm", "einsum", "dot", "F.linear", "numpy", "llmcore_loop", "llmcore_dot"])
+def test_forbid_catches_every_product(call):
+    with pytest.raises(NotAllowedError):
+        with forbid(*PRODUCTS):
+            call()
+
+
+def test_forbid_allows_the_rest_and_restores_everything():
+    original = llmcore.softmax
+    with forbid(*PRODUCTS, *SOFTMAXES):
+        total = (X[0] * X[1]).sum()
+        exps = torch.exp(X - X.amax(dim=-1, keepdim=True))
+    torch.testing.assert_close(total, X[0] @ X[1])
+    torch.testing.assert_close(exps / exps.sum(-1, keepdim=True), llmcore.softmax(X))
+    assert np.dot(np.ones(2), np.ones(2)) == 2.0                    # the patched names are back
+    assert llmcore.softmax is original and sys.modules["llmcore.softmax"].softmax is original
+
+
+def test_forbid_names_the_function_the_student_called():
+    q = torch.randn(2, 3, 4)
+    with pytest.raises(NotAllowedError, match=r"llmcore\.attention\.attention was called"):
+        with forbid(*ATTENTIONS):
+            llmcore.attention(q, q, q, causal=True)          # through llmcore's own helpers
+    with pytest.raises(ValueError, match="must start with"):
+        with forbid("softmax"):
+            pass
+
+
+def test_watch_torch_calls_counts_products_and_rows():
+    w = torch.randn(4, 6)
+    with watch_torch_calls() as calls:
+        y = torch.randn(5, 4) @ w + 1                     # one product of 5 rows
+        z = torch.stack([row @ w for row in torch.randn(3, 4)])
+    products = [c for c in calls if c.is_product]
+    assert [c.rows for c in products] == [5, 1, 1, 1]
+    assert all(c.uses(w) for c in products) and not products[0].uses(torch.randn(2))
+    assert y.shape == (5, 6) and z.shape == (3, 6)
+
+
+def test_importing_llmcore_does_not_import_nbgrader():
+    code = ("import sys, llmcore, llmcore.grading; "
+            "assert not [m for m in sys.modules if m.startswith('nbgrader')], 'nbgrader imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# ------------------------------------------------------------------------------------------------
+# The notebooks themselves
+# ------------------------------------------------------------------------------------------------
+
+def _read(folder: str, assignment: str):
+    return nbformat.read(ROOT / folder / assignment / f"{ASSIGNMENTS[assignment]}.ipynb",
+                         as_version=4)
+
+
+def _nbgrader(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_solution_notebooks_are_well_formed(assignment):
+    nb = _read("solutions", assignment)
+    ids = [_nbgrader(c).get("grade_id") for c in nb.cells]
+    assert None not in ids and len(set(ids)) == len(ids), f"grade ids missing or repeated: {ids}"
+    tests = [c for c in nb.cells if _nbgrader(c).get("grade")]
+    answers = [c for c in nb.cells if _nbgrader(c).get("solution")]
+    assert answers and all("### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
+                           for c in answers)
+    assert all(_nbgrader(c)["locked"] and _nbgrader(c)["points"] > 0 for c in tests)
+    hidden = [c for c in tests if "### BEGIN HIDDEN TESTS" in c.source]
+    visible = [c for c in tests if "### BEGIN HIDDEN TESTS" not in c.source]
+    assert hidden and visible, "each assignment has visible tests to learn from and hidden ones"
+    assert "../../chapters/" in nb.cells[0].source, "the recap links to its chapter"
+
+
+def test_committed_exercises_equal_a_fresh_release(tmp_path):
+    written = grading.release(ROOT, release_dir=tmp_path / "exercises")
+    assert sorted(p.relative_to(tmp_path / "exercises").as_posix() for p in written) == \
+        sorted(f"{a}/{n}.ipynb" for a, n in ASSIGNMENTS.items())
+
+    def content(nb):
+        return {"metadata": nb.metadata,
+                "cells": [(c.get("id"), c.cell_type, c.source, c.metadata) for c in nb.cells]}
+
+    for path in written:
+        committed = ROOT / "exercises" / path.relative_to(tmp_path / "exercises")
+        assert committed.is_file(), f"{committed} is missing: run `make exercises` and commit it"
+        assert content(nbformat.read(committed, as_version=4)) == \
+            content(nbformat.read(path, as_version=4)), (
+            f"{committed} differs from a fresh release of solutions/: run `make exercises` and "
+            "commit exercises/")
+    for nb_path in written:
+        nb = nbformat.read(nb_path, as_version=4)
+        text = "\n".join(c.source for c in nb.cells)
+        assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
+
+
+# ------------------------------------------------------------------------------------------------
+# The learner's check
+# ------------------------------------------------------------------------------------------------
+
+def _check(notebook: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmcore.grading", "check", str(notebook),
+                           "--timeout", "60"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_check_passes_a_solution_and_prints_each_test():
+    done = _check(ROOT / "solutions" / "01_matmul" / "matmul.ipynb")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("test_dot", "test_matmul", "test_matmul_error", "test_project"):
+        assert f"PASS    {name}:" in done.stdout, done.stdout
+    assert "Points so far: 12 of 12." in done.stdout
+
+
+@pytest.mark.slow
+def test_check_fails_an_unanswered_notebook_with_the_reason():
+    done = _check(ROOT / "exercises" / "01_matmul" / "matmul.ipynb")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL    test_dot: 0 of 1 point" in done.stdout, done.stdout
+    assert "NotImplementedError: replace this line with your code" in done.stdout
+    assert "HIDDEN  test_matmul_hidden: 3 points, run when the notebook is graded" in done.stdout
+    assert "Points so far: 0 of 5 (7 more in hidden tests, run when graded)." in done.stdout
+
+
+def test_check_refuses_a_missing_notebook():
+    done = subprocess.run([sys.executable, "-m", "llmcore.grading", "check", "no/such.ipynb"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "no notebook at no/such.ipynb" in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# The instructor's grade: one class, one run
+# ------------------------------------------------------------------------------------------------
+
+def _answers(assignment: str) -> dict[str, str]:
+    """The solution of every answer cell, without nbgrader's markers (what a student types)."""
+    return {_nbgrader(c)["grade_id"]: "\n".join(
+                line for line in c.source.splitlines()
+                if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+            for c in _read("solutions", assignment).cells if _nbgrader(c).get("solution")}
+
+
+def _submission(assignment: str, *, answered: bool, edits: dict | None = None):
+    """A released notebook, its answer cells filled in (answered), then edited cell by cell."""
+    nb = _read("exercises", assignment)
+    answers = _answers(assignment)
+    cells = []
+    for cell in nb.cells:
+        grade_id = _nbgrader(cell).get("grade_id")
+        if answered and grade_id in answers:
+            cell.source = answers[grade_id]
+        edit = (edits or {}).get(grade_id)
+        if isinstance(edit, mutants.Delete):
+            continue
+        if isinstance(edit, mutants.Replace):
+            assert cell.source.count(edit.old) == 1, f"{grade_id}: {edit.old!r} must occur once"
+            cell.source = cell.source.replace(edit.old, edit.new)
+        elif isinstance(edit, mutants.Source):
+            cell.source = edit.text.strip("\n")
+        elif isinstance(edit, mutants.Prepend):
+            cell.source = edit.text + cell.source
+        cells.append(cell)
+    missing = set(edits or {}) - {_nbgrader(c).get("grade_id") for c in nb.cells}
+    assert not missing, f"edits of cells that {assignment} does not have: {missing}"
+    nb.cells = cells
+    return nb
+
+
+def _submit(course: Path, student: str, assignment: str, nb) -> None:
+    folder = course / "submitted" / student / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(folder / f"{ASSIGNMENTS[assignment]}.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade the whole class once; returns (course folder, gradebook path, CSV rows, seconds)."""
+    course = tmp_path_factory.mktemp("course")
+    shutil.copytree(ROOT / "solutions", course / "solutions")
+    for assignment in ASSIGNMENTS:
+        _submit(course, "full_marks", assignment, _submission(assignment, answered=True))
+        _submit(course, "untouched", assignment, _submission(assignment, answered=False))
+    for sub in SUBMISSIONS:
+        _submit(course, sub.student, sub.assignment,
+                _submission(sub.assignment, answered=sub.answered, edits=sub.edits))
+    gradebook = course / "gradebook.db"
+    start = time.perf_counter()
+    rows = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT,
+                         log=lambda message: print(message, flush=True))
+    seconds = time.perf_counter() - start
+    notebooks = 2 * len(ASSIGNMENTS) + len(SUBMISSIONS)
+    print(f"graded {notebooks} notebooks in {seconds:.0f} s ({seconds / notebooks:.1f} s each, "
+          f"including one {CELL_TIMEOUT} s cell timeout)")
+    return course, gradebook, rows, seconds
+
+
+def _cell_scores(gradebook: Path, student: str, assignment: str) -> dict[str, tuple[float, float]]:
+    """grade_id -> (score, max score) of one submission, straight from the sqlite gradebook."""
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{gradebook}") as gb:
+        notebook = gb.find_submission_notebook(ASSIGNMENTS[assignment], assignment, student)
+        return {g.name: (float(g.score), float(g.max_score)) for g in notebook.grades}
+
+
+def _row(rows, student: str, assignment: str):
+    found = [r for r in rows if r.student == student and r.assignment == assignment]
+    assert len(found) == 1, f"expected one grade for {student}/{assignment}, got {found}"
+    return found[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_solution_scores_full_marks(graded, assignment):
+    course, gradebook, rows, _ = graded
+    row = _row(rows, "full_marks", assignment)
+    assert row.status == "graded" and row.max_score > 0 and row.score == row.max_score, row
+    failed = {name for name, (score, top) in _cell_scores(gradebook, "full_marks", assignment).items()
+              if score < top}
+    assert not failed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_untouched_release_scores_zero(graded, assignment):
+    course, gradebook, rows, _ = graded
+    row = _row(rows, "untouched", assignment)
+    assert row.status == "graded" and row.score == 0 and row.max_score > 0, row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sub", SUBMISSIONS, ids=[s.student for s in SUBMISSIONS])
+def test_wrong_and_broken_submissions_get_their_score(graded, sub):
+    course, gradebook, rows, _ = graded
+    cells = _cell_scores(gradebook, sub.student, sub.assignment)
+    points = {name: top for name, (_, top) in cells.items()}
+    assert sub.failing <= set(points), f"unknown test cells {sub.failing - set(points)}"
+    assert sub.score == sum(points.values()) - sum(points[name] for name in sub.failing), \
+        "the stated score must equal the points of the test cells that pass"
+    failed = {name for name, (score, top) in cells.items() if score < top}
+    assert failed == sub.failing, f"{sub.why}: expected {sorted(sub.failing)} to fail, " \
+                                  f"got {sorted(failed)}"
+    row = _row(rows, sub.student, sub.assignment)
+    assert row.score == sub.score, row
+    assert row.status.startswith("failed:") == sub.stops_grader, row
+
+
+@pytest.mark.slow
+def test_a_broken_submission_does_not_stop_the_run(graded):
+    course, gradebook, rows, _ = graded
+    students = {(r.student, r.assignment) for r in rows}
+    expected = {("full_marks", a) for a in ASSIGNMENTS} | {("untouched", a) for a in ASSIGNMENTS} \
+        | {(s.student, s.assignment) for s in SUBMISSIONS}
+    assert students == expected
+    dead = _row(rows, "kernel_dies", "04_kv_cache")
+    assert dead.status.startswith("failed:") and "kernel" in dead.status.lower(), dead
+    for student, assignment in expected:
+        page = course / "feedback" / student / assignment / f"{ASSIGNMENTS[assignment]}.html"
+        assert page.is_file() and page.stat().st_size > 0, f"no feedback for {student}/{assignment}"
+    flooded = course / "autograded" / "prints" / "02_attention" / "attention.ipynb"
+    assert flooded.stat().st_size < 500_000, "a cell's megabytes of output must be cut short"
+    assert "output truncated by the grader" in flooded.read_text()
+    hung = json.loads((course / "autograded" / "loops_forever" / "01_matmul" /
+                       "matmul.ipynb").read_text())
+    errors = [o.get("ename") for c in hung["cells"] for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert "CellTimeoutError" in errors or "KeyboardInterrupt" in errors, errors
+    with open(course / "grades.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {(r["student_id"], r["assignment"]) for r in table} == expected
+    assert list(table[0]) == ["student_id", "assignment", "score", "max_score", "status"]
+
+
+@pytest.mark.slow
+def test_grading_again_keeps_every_grade(graded):
+    """A later run grades only the new submission; nothing already in the gradebook changes."""
+    course, gradebook, rows, _ = graded
+    before = sqlite3.connect(gradebook).execute(
+        "select count(*) from grade").fetchone()[0]
+    _submit(course, "late", "01_matmul", _submission("01_matmul", answered=True))
+    again = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT, feedback=False)
+    late = _row(again, "late", "01_matmul")
+    assert late.status == "graded" and late.score == late.max_score
+    old = {(r.student, r.assignment): r.score for r in rows}
+    new = {(r.student, r.assignment): r.score for r in again if r.student != "late"}
+    assert new == old
+    assert all(r.status != "graded" for r in again if r.student != "late"), \
+        "only the new submission is graded again"
+    after = sqlite3.connect(gradebook).execute("select count(*) from grade").fetchone()[0]
+    assert after == before + len(_cell_scores(gradebook, "late", "01_matmul"))
