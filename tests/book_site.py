@@ -1,0 +1,305 @@
+"""What the book tests share: the pages of _toc.yml, their sources, and one strict build per
+test session (test_book.py, test_browser.py and test_notebooks.py all read from here).
+
+The build is the one ``make book`` runs, ``jupyter-book build . -W -n --keep-going``, into the
+same ``_build`` (so the execution cache is reused and only changed chapters run again), plus
+``--all``: every page is read again, so a warning that an earlier, failed build already printed
+cannot hide behind Sphinx's incremental build. It runs at most once per pytest process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_FILE = ROOT / "_config.yml"
+TOC_FILE = ROOT / "_toc.yml"
+BUILD_DIR = ROOT / "_build"
+HTML_DIR = BUILD_DIR / "html"
+BUILD_LOG = BUILD_DIR / "book-build.log"
+SCREENSHOT_DIR = BUILD_DIR / "screenshots"
+SOURCE_SUFFIXES = (".md", ".ipynb")
+BUILD_TIMEOUT_S = 40 * 60
+"""Generous: the whole book executes in about 10 minutes on 2 cores when nothing is cached."""
+
+STRICT_BUILD = ["build", ".", "-W", "-n", "--keep-going", "--all"]
+"""Arguments of ``jupyter-book``: the strict build of ``make book``, every page read again."""
+
+
+def venv_bin() -> Path:
+    """The folder of the running Python's scripts (the course's .venv/bin under make)."""
+    return Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """Path of a console script installed next to this Python (jupyter-book, jupyter, ...)."""
+    path = venv_bin() / name
+    if not path.exists():
+        raise FileNotFoundError(f"{name} is not installed next to {sys.executable}; "
+                                f"run `make venv` (it installs the book's dependencies)")
+    return str(path)
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for subprocesses: this Python's scripts first on PATH (kernels, alembic)."""
+    env = dict(os.environ)
+    env["PATH"] = f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")   # quiet debugger note from kernels
+    return env
+
+
+@functools.cache
+def book_config() -> dict:
+    return yaml.safe_load(CONFIG_FILE.read_text(encoding="utf-8"))
+
+
+def toc_pages(toc_file: Path = TOC_FILE) -> list[str]:
+    """Every page of a table of contents, root first, in reading order, as docnames
+    (paths relative to the repository root without suffix, e.g. ``chapters/00_intro``).
+
+    Parsed with sphinx-external-toc, the parser Jupyter Book itself uses; glob entries are
+    expanded like Sphinx does (sorted matching source files). Raises ValueError for a listed
+    page with no source file.
+    """
+    from sphinx_external_toc.api import GlobItem, UrlItem
+    from sphinx_external_toc.parsing import parse_toc_yaml
+
+    site_map = parse_toc_yaml(toc_file)
+    pages: list[str] = []
+
+    def visit(docname: str) -> None:
+        pages.append(docname)
+        for subtree in site_map[docname].subtrees:
+            for item in subtree.items:
+                if isinstance(item, UrlItem):
+                    continue
+                if isinstance(item, GlobItem):
+                    matches = sorted({str(p.relative_to(ROOT).with_suffix("").as_posix())
+                                      for suffix in SOURCE_SUFFIXES
+                                      for p in ROOT.glob(str(item) + suffix)})
+                    pages.extend(m for m in matches if m not in pages)
+                    continue
+                visit(str(item))
+
+    visit(site_map.root.docname)
+    for docname in pages:
+        source_of(docname)            # raises for a page without a file
+    return pages
+
+
+def source_of(docname: str) -> Path:
+    """The source file of a page: ``<docname>.md`` or ``<docname>.ipynb`` under the root."""
+    found = [ROOT / f"{docname}{suffix}" for suffix in SOURCE_SUFFIXES
+             if (ROOT / f"{docname}{suffix}").is_file()]
+    if len(found) != 1:
+        raise ValueError(f"{TOC_FILE.name} lists {docname!r}, expected exactly one source file "
+                         f"{docname}.md or {docname}.ipynb, found {[str(p) for p in found]}")
+    return found[0]
+
+
+def html_of(docname: str, html_dir: Path = HTML_DIR) -> Path:
+    return html_dir / f"{docname}.html"
+
+
+def execution_excluded(path: Path) -> bool:
+    """Whether the book build skips executing this notebook: myst-nb's own test, the source's
+    path matched against each ``execute.exclude_patterns`` entry of _config.yml."""
+    patterns = book_config().get("execute", {}).get("exclude_patterns", [])
+    posix = PurePosixPath(Path(path).as_posix())
+    return any(posix.match(pattern) for pattern in patterns)
+
+
+def executed_pages() -> list[str]:
+    """The pages of _toc.yml that the build executes (chapters, not nbgrader notebooks)."""
+    return [p for p in toc_pages() if not execution_excluded(source_of(p))]
+
+
+def cell_timeout_s() -> int:
+    """The per-cell timeout of _config.yml (seconds), shared by the build and test_notebooks."""
+    return int(book_config()["execute"]["timeout"])
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    returncode: int
+    log: str
+    seconds: float
+    html_dir: Path
+
+    def problems(self) -> list[str]:
+        """The WARNING and ERROR lines of the build's output."""
+        return [line for line in self.log.splitlines()
+                if "WARNING" in line or "ERROR" in line or "CRITICAL" in line]
+
+
+@functools.cache
+def build_book() -> BuildResult:
+    """Run the strict build once per process; the log also goes to _build/book-build.log."""
+    BUILD_DIR.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([tool("jupyter-book"), *STRICT_BUILD], cwd=ROOT, env=tool_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=BUILD_TIMEOUT_S)
+        returncode, log = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as timeout:
+        out = timeout.stdout or ""
+        returncode = -1
+        log = (out.decode(errors="replace") if isinstance(out, bytes) else out) + \
+            f"\n[book_site] the build ran past {BUILD_TIMEOUT_S} s and was stopped\n"
+    seconds = time.perf_counter() - start
+    log += f"\n[book_site] jupyter-book {' '.join(STRICT_BUILD)}: exit {returncode} in {seconds:.1f} s\n"
+    BUILD_LOG.write_text(log, encoding="utf-8")
+    return BuildResult(returncode, log, seconds, HTML_DIR)
+
+
+def tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------------
+# Reading built pages (standard library only)
+
+from html.parser import HTMLParser  # noqa: E402
+
+RESOURCE_ATTRIBUTES = {
+    "script": ("src",), "img": ("src", "srcset"), "iframe": ("src",), "source": ("src", "srcset"),
+    "video": ("src", "poster"), "audio": ("src",), "embed": ("src",), "object": ("data",),
+    "link": ("href",), "image": ("href", "xlink:href"), "use": ("href", "xlink:href"),
+}
+"""Attributes through which a browser fetches something as a page loads (``<a href>`` is a
+link to follow, not a fetch)."""
+
+
+@dataclass
+class Page:
+    """What the tests need from one built HTML page."""
+
+    resources: list[tuple[str, str]]       # (tag, url) of everything the page fetches
+    links: list[str]                       # every <a href>
+    ids: set[str]                          # every id= (anchor targets)
+    article_h1: int                        # <h1> elements inside the article
+    math_nodes: int                        # elements whose class says they hold math
+    output_nodes: int                      # executed cell outputs (myst-nb's cell_output)
+
+
+class _PageParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.page = Page([], [], set(), 0, 0, 0)
+        self._article_depth = 0            # >0 while inside <article class="bd-article">
+        self._stack: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        if a.get("id"):
+            self.page.ids.add(a["id"])
+        if tag == "a" and a.get("name"):
+            self.page.ids.add(a["name"])
+        if tag == "a" and a.get("href") is not None:
+            self.page.links.append(a["href"])
+        for attr in RESOURCE_ATTRIBUTES.get(tag, ()):
+            if a.get(attr):
+                if tag == "link" and set((a.get("rel") or "").split()) & {"canonical"}:
+                    continue                # metadata, never fetched
+                for url in (a[attr].split(",") if attr == "srcset" else [a[attr]]):
+                    self.page.resources.append((tag, url.strip().split(" ")[0]))
+        if tag == "article" and "bd-article" in classes:
+            self._article_depth = 1
+        elif self._article_depth and tag not in VOID_TAGS:
+            self._article_depth += 1
+        if tag == "h1" and self._article_depth:
+            self.page.article_h1 += 1
+        if {"math", "math-wrapper"} & set(classes) or tag == "math":
+            self.page.math_nodes += 1
+        if "cell_output" in classes:
+            self.page.output_nodes += 1
+
+    def handle_endtag(self, tag):
+        if self._article_depth and tag not in VOID_TAGS:
+            self._article_depth -= 1
+
+
+VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta",
+             "source", "track", "wbr"}
+
+
+def read_page(path: Path) -> Page:
+    parser = _PageParser()
+    parser.feed(Path(path).read_text(encoding="utf-8"))
+    parser.close()
+    return parser.page
+
+
+def is_remote(url: str) -> bool:
+    """Whether fetching ``url`` from a page would leave the machine (http(s) or //host)."""
+    u = url.strip().lower()
+    return u.startswith(("http://", "https://", "//", "ftp://", "ws://", "wss://"))
+
+
+# --------------------------------------------------------------------------------------------
+# The instructor's copy of the site: the table of contents plus the solutions
+
+SOLUTIONS_CAPTION = "Solutions (instructor copy: do not publish)"
+
+INSTRUCTOR_TOC = BUILD_DIR / "_toc_instructor.yml"
+
+
+def solution_pages(toc_file: Path = TOC_FILE) -> list[str]:
+    """The solution of every exercise the table of contents lists: exercises/<a>/<nb> ->
+    solutions/<a>/<nb> (nbgrader's source and release folders mirror each other)."""
+    pages = []
+    for page in toc_pages(toc_file):
+        if page.startswith("exercises/"):
+            solution = "solutions/" + page[len("exercises/"):]
+            source_of(solution)       # raises ValueError if the solution notebook is missing
+            pages.append(solution)
+    return pages
+
+
+def instructor_toc(toc_file: Path = TOC_FILE) -> dict:
+    """_toc.yml plus a last part with the solutions of the exercises it lists (shown, never
+    executed: execute.exclude_patterns covers solutions/). Raises ValueError when it lists no
+    exercise (the instructor site would add nothing) or an exercise has no solution."""
+    toc = yaml.safe_load(Path(toc_file).read_text(encoding="utf-8"))
+    if "parts" not in toc:
+        raise ValueError(f"{toc_file}: expected a table of contents with parts")
+    pages = solution_pages(toc_file)
+    if not pages:
+        raise ValueError(f"{toc_file} lists no exercises/<assignment>/<notebook>: there are no "
+                         "solutions to add")
+    toc["parts"].append({"caption": SOLUTIONS_CAPTION,
+                         "chapters": [{"file": page} for page in pages]})
+    return toc
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/book_site.py instructor-toc [OUT]``: write the instructor's table of
+    contents (default _build/_toc_instructor.yml) for ``jupyter-book build --toc OUT``."""
+    if not argv or argv[0] != "instructor-toc" or len(argv) > 2:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[1]) if len(argv) == 2 else INSTRUCTOR_TOC
+    try:
+        toc = instructor_toc()
+    except ValueError as error:
+        print(f"book-instructor: {error}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("# Generated from _toc.yml by tests/book_site.py: do not edit.\n"
+                   + yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,230 @@
+"""The built site in a real browser: headless Chromium (Debian's package, driven by Playwright;
+no browser is downloaded) opens the index and every page of _toc.yml from a local HTTP server and
+checks what a reader would see: no console errors, no failed requests, nothing fetched from
+another host, math typeset by the bundled MathJax, every image loaded, every internal link and
+anchor resolving. A screenshot of each page goes to _build/screenshots/<page>.jpg.
+
+Without Chromium the tests are skipped, unless LLMCORE_REQUIRE_BROWSER=1 (CI sets it).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Iterator
+
+import pytest
+
+import book_site
+from book_site import HTML_DIR, SCREENSHOT_DIR, build_book, html_of, read_page, toc_pages
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic"]
+"""Flags for a closed network: without the background-networking ones Chromium keeps trying
+(and failing) to reach Google's services."""
+
+REQUIRE = os.environ.get("LLMCORE_REQUIRE_BROWSER") == "1"
+PAGES = ["index"] + toc_pages()
+MATHJAX_TIMEOUT_MS = 30_000
+RAW_TEX = ("$$", "\\begin", "\\(", "\\)", "\\[", "\\]", "\\frac", "\\sqrt")
+"""Text that MathJax removes when it typesets; seen outside code, math was left raw."""
+
+
+def chromium_or_skip() -> str:
+    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    problem = None
+    if path is None:
+        problem = f"Chromium is not installed ({CHROMIUM}; `make browser` installs it as root)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError as error:
+            problem = f"playwright is not importable: {error}"
+    if problem:
+        if REQUIRE:
+            pytest.fail(f"LLMCORE_REQUIRE_BROWSER=1 but {problem}")
+        pytest.skip(problem)
+    return path
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):      # noqa: A002 (the base class's name)
+        pass
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[str]:
+    """The built site served over HTTP from a thread: yields its base URL."""
+    chromium_or_skip()
+    result = build_book()
+    missing = [p for p in PAGES[1:] if not html_of(p).is_file()]
+    assert (HTML_DIR / "index.html").is_file() and not missing, \
+        f"the build (exit {result.returncode}) produced no HTML for {missing or ['index']}"
+    handler = functools.partial(QuietHandler, directory=str(HTML_DIR))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser(site):
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_or_skip()
+    playwright = sync_playwright().start()
+    try:
+        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS,
+                                              headless=True)
+        try:
+            # one context for every page: the theme's scripts and MathJax are fetched once and
+            # then come from the browser's cache (request routing would disable that cache)
+            context = chromium.new_context(viewport={"width": 1280, "height": 900})
+            yield context
+            context.close()
+        finally:
+            chromium.close()
+    finally:
+        playwright.stop()
+
+
+def is_local(url: str, site: str) -> bool:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme in ("data", "blob", "about"):
+        return True
+    return f"{parsed.scheme}://{parsed.netloc}" == site
+
+
+@functools.cache
+def ids_of(page_path: str) -> frozenset[str]:
+    """The anchors of a built page, by its path under the site (e.g. /chapters/01_shapes.html)."""
+    return frozenset(read_page(HTML_DIR / urllib.parse.unquote(page_path).lstrip("/")).ids)
+
+
+def status_of(url: str) -> int:
+    for method in ("HEAD", "GET"):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as error:
+            if method == "GET":
+                return error.code
+        except urllib.error.URLError:
+            if method == "GET":
+                return 0
+    return 0
+
+
+IMAGES_JS = """async () => {
+    const images = Array.from(document.images);
+    images.forEach(img => { img.loading = 'eager'; });
+    const settle = img => img.complete ? Promise.resolve() : new Promise(done => {
+        img.addEventListener('load', done, {once: true});
+        img.addEventListener('error', done, {once: true});
+    });
+    await Promise.race([Promise.all(images.map(settle)),
+                        new Promise(done => setTimeout(done, 15000))]);
+    return images.map(img => ({src: img.currentSrc || img.src,
+                               ok: img.complete && img.naturalWidth > 0}));
+}"""
+
+VISIBLE_TEXT_JS = """() => {
+    const root = (document.querySelector('article') || document.body).cloneNode(true);
+    root.querySelectorAll('pre, code, script, style, textarea, mjx-container, .highlight')
+        .forEach(node => node.remove());
+    return root.textContent;
+}"""
+
+MATHJAX_JS = """async () => {
+    await MathJax.startup.promise;
+    return {typeset: document.querySelectorAll('mjx-container').length,
+            errors: Array.from(document.querySelectorAll('mjx-merror'))
+                         .map(e => e.getAttribute('data-mjx-error') || e.textContent)};
+}"""
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_page_in_a_real_browser(browser, site, docname):
+    remote, failed, bad_status, console_errors = [], [], [], []
+    page = browser.new_page()
+    page.on("request", lambda r: None if is_local(r.url, site) else remote.append(r.url))
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: console_errors.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: failed.append(f"{r.url} ({r.failure})"))
+    page.on("response", lambda r: bad_status.append(f"{r.url} -> {r.status}")
+            if r.status >= 400 else None)
+    try:
+        start = time.perf_counter()
+        page.goto(f"{site}/{'index' if docname == 'index' else docname}.html", wait_until="load")
+        if docname == "index":          # a redirect to the root page
+            page.wait_for_url(f"{site}/{PAGES[1]}.html", timeout=10_000)
+        page.wait_for_load_state("networkidle")
+        shown = PAGES[1] if docname == "index" else docname
+
+        # math: typeset by the bundled MathJax, nothing left raw
+        if read_page(html_of(shown)).math_nodes:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && "
+                                   "MathJax.startup.promise", timeout=MATHJAX_TIMEOUT_MS)
+            math = page.evaluate(MATHJAX_JS)
+            assert math["typeset"] > 0, f"{docname}: MathJax typeset nothing"
+            assert not math["errors"], f"{docname}: TeX errors: {math['errors'][:5]}"
+        text = page.evaluate(VISIBLE_TEXT_JS)
+        raw = [marker for marker in RAW_TEX if marker in text]
+        assert not raw, f"{docname}: raw LaTeX left in the visible text: {raw}"
+
+        images = page.evaluate(IMAGES_JS)
+        broken = [i["src"] for i in images if not i["ok"]]
+        assert not broken, f"{docname}: images that did not load: {broken}"
+
+        # links: every local target answers, every anchor exists
+        links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]'))"
+                              ".map(a => a.href)")
+        here = urllib.parse.urlsplit(page.url)
+        dead, missing_anchors = [], []
+        for link in sorted(set(links)):
+            parsed = urllib.parse.urlsplit(link)
+            if parsed.scheme not in ("http", "https") or not is_local(link, site):
+                continue                      # mailto:, javascript:, other sites (not fetched)
+            target = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, "", ""))
+            if parsed.path != here.path and status_of(target) != 200:
+                dead.append(link)
+                continue
+            anchor = urllib.parse.unquote(parsed.fragment)
+            if anchor:
+                if parsed.path == here.path:
+                    ok = page.evaluate("id => document.getElementById(id) !== null || "
+                                       "document.getElementsByName(id).length > 0", anchor)
+                else:
+                    ok = parsed.path.endswith(".html") and anchor in ids_of(parsed.path)
+                if not ok:
+                    missing_anchors.append(link)
+        assert not dead, f"{docname}: links to missing pages or files: {dead}"
+        assert not missing_anchors, f"{docname}: links to missing anchors: {missing_anchors}"
+
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT_DIR / f"{docname.replace('/', '__')}.jpg"),
+                        full_page=True, type="jpeg", quality=70)
+        assert not remote, f"{docname}: requests to other hosts: {remote}"
+        assert not failed, f"{docname}: failed requests: {failed}"
+        assert not bad_status, f"{docname}: error responses: {bad_status}"
+        assert not console_errors, f"{docname}: console errors: {console_errors}"
+        print(f"{docname}: checked in {time.perf_counter() - start:.1f} s "
+              f"({len(images)} images, {len(set(links))} links)")
+    finally:
+        page.close()

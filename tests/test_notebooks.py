@@ -1,0 +1,200 @@
+"""The chapters as notebooks, outside the book build: each one runs top to bottom in a fresh
+kernel, and JupyterLab (as `make lab` starts it) opens the `.md` chapters as notebooks through
+jupytext, and saves them back unchanged.
+
+Every page of _toc.yml that the book executes is covered (tests/book_site.py reads the toc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import jupytext
+import pytest
+
+import book_site
+from book_site import ROOT, cell_timeout_s, executed_pages, source_of, tool, tool_env
+
+pytestmark = pytest.mark.slow
+
+EXECUTED = executed_pages()
+MARKDOWN_CHAPTERS = [p for p in EXECUTED if source_of(p).suffix == ".md"]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LAB_START_TIMEOUT_S = 120
+JUPYTEXT_VIEWER = "Jupytext Notebook"
+
+
+# ------------------------------------------------------------------ top to bottom, fresh kernel
+
+@pytest.mark.parametrize("docname", EXECUTED)
+def test_chapter_runs_top_to_bottom_in_a_fresh_kernel(docname):
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    path = source_of(docname)
+    notebook = jupytext.read(path)
+    code_cells = [c for c in notebook.cells if c.cell_type == "code"]
+    client = NotebookClient(notebook, timeout=cell_timeout_s(), kernel_name="python3",
+                            allow_errors=False, resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except CellTimeoutError as error:
+        pytest.fail(f"{docname}: a cell ran past the {cell_timeout_s()} s per-cell timeout: {error}")
+    except CellExecutionError as error:
+        pytest.fail(f"{docname}: a cell failed when run top to bottom in a fresh kernel:\n{error}")
+    seconds = time.perf_counter() - start
+    counts = [c.get("execution_count") for c in code_cells]
+    assert counts == list(range(1, len(code_cells) + 1)), \
+        f"{docname}: not every code cell ran, in order (execution counts {counts})"
+    print(f"{docname}: {len(code_cells)} code cells in {seconds:.1f} s")
+
+
+# ------------------------------------------------------------------------ JupyterLab + jupytext
+
+def jupyter(*args: str) -> str:
+    done = subprocess.run([tool("jupyter"), *args], cwd=ROOT, env=tool_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    return ANSI.sub("", done.stdout)
+
+
+def test_jupytext_server_extension_is_enabled():
+    """It swaps in jupytext's contents manager, which reads .md files as notebooks."""
+    listing = jupyter("server", "extension", "list")
+    assert re.search(r"jupyterlab_jupytext\s+enabled", listing), listing
+    assert re.search(r"jupyterlab_jupytext\s+OK", listing), listing
+
+
+def test_jupytext_lab_extension_is_enabled():
+    """It adds the "Jupytext Notebook" viewer and the Jupytext commands to JupyterLab."""
+    listing = jupyter("labextension", "list")
+    assert re.search(r"jupyterlab-jupytext\s+v[\d.]+\s+enabled\s+OK", listing), listing
+
+
+def test_jupytext_configuration_is_the_repository_one():
+    from jupytext.config import find_jupytext_configuration_file, load_jupytext_config
+
+    for docname in MARKDOWN_CHAPTERS:
+        found = find_jupytext_configuration_file(str(source_of(docname).parent))
+        assert found and Path(found) == ROOT / "jupytext.toml", \
+            f"{docname}: jupytext reads {found}, expected {ROOT / 'jupytext.toml'}"
+    config = load_jupytext_config(str(source_of(EXECUTED[0])))
+    assert "md" in config.notebook_extensions and "py" not in config.notebook_extensions
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Lab:
+    """A JupyterLab server started the way `make lab` starts it, reached through its REST API."""
+
+    def __init__(self, url: str, token: str):
+        self.url, self.token = url, token
+
+    def request(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return json.loads(response.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[Lab]:
+    port, token = free_port(), secrets.token_hex(16)
+    runtime = tmp_path_factory.mktemp("jupyter-runtime")
+    log = book_site.BUILD_DIR / "jupyterlab-test.log"
+    book_site.BUILD_DIR.mkdir(exist_ok=True)
+    args = [tool("jupyter"), "lab", "--notebook-dir=.", "--no-browser", f"--port={port}",
+            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+            "--ServerApp.port_retries=0"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args.append("--allow-root")
+    env = {**tool_env(), "JUPYTER_RUNTIME_DIR": str(runtime)}
+    with open(log, "w", encoding="utf-8") as out:
+        server = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    lab = Lab(f"http://127.0.0.1:{port}", token)
+    try:
+        deadline = time.monotonic() + LAB_START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"jupyter lab exited with {server.returncode}:\n"
+                            f"{book_site.tail(log.read_text(encoding='utf-8'))}")
+            try:
+                lab.request("GET", "/api/status")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not answer within {LAB_START_TIMEOUT_S} s; "
+                                f"log: {log}")
+                time.sleep(0.5)
+        yield lab
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_jupyterlab_uses_the_jupytext_contents_manager(lab):
+    log = (book_site.BUILD_DIR / "jupyterlab-test.log").read_text(encoding="utf-8")
+    assert "Jupytext Server Extension" in log and "jupyterlab_jupytext | extension was " \
+        "successfully loaded" in log, "jupyter lab did not load jupytext's server extension"
+
+
+@pytest.mark.parametrize("docname", MARKDOWN_CHAPTERS)
+def test_jupyterlab_opens_the_chapter_as_a_notebook(lab, docname):
+    path = source_of(docname)
+    model = lab.request("GET", f"/api/contents/{docname}.md?type=notebook&content=1")
+    assert model["type"] == "notebook" and model["format"] == "json"
+    notebook = model["content"]
+    assert notebook["metadata"]["kernelspec"]["name"] == "python3"
+    assert notebook["metadata"]["jupytext"]["text_representation"]["format_name"] == "myst"
+    want = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+    got = [c["source"] for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert want and got == want, f"{docname}: JupyterLab sees different code cells"
+
+
+@pytest.mark.parametrize("docname", MARKDOWN_CHAPTERS)
+def test_saving_from_jupyterlab_leaves_the_chapter_unchanged(lab, docname):
+    """Open a chapter, save it (to a copy under _build): the file written is the committed one."""
+    model = lab.request("GET", f"/api/contents/{docname}.md?type=notebook&content=1")
+    copy = f"_build/jupytext-roundtrip/{docname}.md"
+    (ROOT / copy).parent.mkdir(parents=True, exist_ok=True)
+    lab.request("PUT", f"/api/contents/{copy}",
+                {"type": "notebook", "format": "json", "content": model["content"]})
+    original = source_of(docname).read_text(encoding="utf-8")
+    saved = (ROOT / copy).read_text(encoding="utf-8")
+    assert saved == original, (
+        f"{docname}: saving from JupyterLab rewrites the file; first differing line: "
+        f"{next((a, b) for a, b in zip(saved.splitlines() + [''], original.splitlines() + ['']) if a != b)}")
+
+
+def test_jupyterlab_opens_markdown_as_notebooks_on_double_click(lab):
+    """The default viewer of Markdown files is jupytext's notebook, not the text editor."""
+    settings = lab.request("GET", "/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+    viewers = settings["schema"]["properties"]["defaultViewers"].get("default", {})
+    user = settings.get("settings", {}).get("defaultViewers", {})
+    viewer = user.get("markdown", viewers.get("markdown"))
+    assert viewer == JUPYTEXT_VIEWER, (
+        f"JupyterLab opens .md files with {viewer or 'the text editor'!r}, expected "
+        f"{JUPYTEXT_VIEWER!r}; `make lab-settings` sets it (jupytext-config --settings-file "
+        f".venv/etc/jupyter/labconfig/default_setting_overrides.json set-default-viewer)")
