@@ -174,7 +174,7 @@ def test_page_in_a_real_browser(browser, site, docname):
         page.goto(f"{site}/{'index' if docname == 'index' else docname}.html", wait_until="load")
         if docname == "index":          # a redirect to the root page
             page.wait_for_url(f"{site}/{PAGES[1]}.html", timeout=10_000)
-        page.wait_for_load_state("networkidle")
+        page.evaluate("() => document.fonts.ready.then(() => true)")
         shown = PAGES[1] if docname == "index" else docname
 
         # math: typeset by the bundled MathJax, nothing left raw
