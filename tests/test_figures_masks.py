@@ -28,7 +28,11 @@ def ax():
 
 
 def cells(ax):
-    """(row, col) -> face colour of each grid cell drawn on ax."""
+    """(row, col) -> face colour of each grid cell drawn on ax (patches, or one RGB image)."""
+    if ax.images:
+        rgb = np.asarray(ax.images[0].get_array())
+        return {(i, j): tuple(rgb[i, j][:3]) for i in range(rgb.shape[0])
+                for j in range(rgb.shape[1])}
     return {(int(p.get_y()), int(p.get_x())): p.get_facecolor()[:3]
             for p in ax.patches if isinstance(p, Rectangle)}
 
