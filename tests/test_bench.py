@@ -103,7 +103,10 @@ def test_main_writes_to_the_stream_it_is_given():
     finally:
         torch.set_num_threads(threads)
     text = out.getvalue()
-    assert text.startswith("llmcore benchmark") and "== ops:" in text and "total:" in text
+    assert text.startswith("llmcore benchmark (torch ") and "1 thread)" in text
+    assert re.search(r"^load: ", text, re.M) and "total:" in text
+    for name, _ in SECTIONS:                                          # every section ran
+        assert f"\n== {name}: " in text, name
 
 
 # ---------------------------------------------------------------------------- llmcore.timing

@@ -8,6 +8,7 @@ text stream ``out``; to add one, append its pair to :data:`SECTIONS`. Chapter 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Callable, TextIO
@@ -15,13 +16,14 @@ from typing import Callable, TextIO
 import torch
 
 from ..device import pick_device
-from . import ops
+from . import inference, ops
 
 Section = Callable[..., None]
 """``run(out: TextIO, *, quick: bool, device: torch.device) -> None``."""
 
 SECTIONS: list[tuple[str, Section]] = [
     (ops.NAME, ops.run),
+    (inference.NAME, inference.run),
 ]
 
 
@@ -42,6 +44,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def load_note() -> str:
+    """The machine's load when the run starts: timings mean little while others compete for it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if not hasattr(os, "getloadavg"):
+        return f"load: unknown on this system ({cores} cores)"
+    load = os.getloadavg()[0]
+    note = f"load: {load:.1f} runnable processes on average over the last minute, {cores} cores"
+    if load > cores:
+        note += ("; other processes compete for the CPU, so these figures are pessimistic "
+                 "(--threads 1 suffers least)")
+    return note
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Run the chosen sections, writing to ``out`` (default: standard output)."""
     args = parse_args(argv)
@@ -58,8 +73,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         torch.set_num_threads(args.threads)
     chosen = args.section or [name for name, _ in SECTIONS]
     start = time.perf_counter()
+    threads = torch.get_num_threads()
     out.write(f"llmcore benchmark (torch {torch.__version__.split('+')[0]}, "
-              f"{torch.get_num_threads()} threads)\n")
+              f"{threads} thread{'s' if threads != 1 else ''})\n")
+    out.write(load_note() + "\n")
     for name, run in SECTIONS:
         if name in chosen:
             out.write("\n")

@@ -115,7 +115,7 @@ def write_table(out: TextIO, title: str, rows: list[Row], peak: float) -> None:
 def write_ratio(out: TextIO, label: str, value: float, *, at_least: float | None = None,
                 at_most: float | None = None, checked: bool = True) -> None:
     """``ratio <label>: <value>x``, then the expectation and whether it held (if there is one)."""
-    line = f"ratio {label}: {value:.1f}x"
+    line = f"ratio {label}: {value:.2f}x" if value < 100 else f"ratio {label}: {value:.0f}x"
     if at_least is not None or at_most is not None:
         bound = f">= {at_least:g}x" if at_least is not None else f"<= {at_most:g}x"
         held = (at_least is None or value >= at_least) and (at_most is None or value <= at_most)
@@ -206,11 +206,12 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
     peak = matmul_peak_gflops(device, torch.float32, sizes.peak_size)
     out.write(f"== {NAME}: the same projection and attention, from loops to matrices ==\n")
     out.write(f"machine: {describe_machine(device)}\n")
-    out.write(f"device for torch: {device}{'   (--quick: tiny sizes, not a measurement)' if quick else ''}\n")
+    note = "   (--quick: tiny sizes, not a measurement)" if quick else ""
+    out.write(f"device for torch: {device}{note}\n")
     out.write(f"peak: {peak:.3g} GFLOP/s (float32 square matmul on {device}, best of 3)\n")
     out.write(f"times: best of {sizes.repeats} repeats ({sizes.slow_repeats} for the slow loops), "
-              "each repeat at least "
-              f"{sizes.min_seconds * 1e3:g} ms long; max |diff|: against the NumPy float64 reference\n")
+              f"each repeat at least {sizes.min_seconds * 1e3:g} ms long; "
+              "max |diff|: against the NumPy float64 reference\n")
 
     n, d = sizes.n, sizes.d
     projection = projection_rows(sizes, device, rng)
