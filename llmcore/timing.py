@@ -1,11 +1,11 @@
-"""Measuring: how long a call takes, how many floating-point operations it does, and how that
-compares with what this machine's matrix unit can do at best.
+"""Measuring: how long a call takes, how many floating-point operations it does, and how
+that compares with what this machine's matrix unit can do at best.
 
 Used by ``python -m llmcore.bench`` and by the book's timing cells, so that every figure in the
 course is measured the same way:
 
 * a warm-up call first (the first call pays for allocations, kernel choice, caches);
-* each repeat runs the call often enough to last ``min_seconds`` (a timer tick is not a measurement);
+* each repeat runs the call often enough to last ``min_seconds`` (one timer tick measures nothing);
 * the result is the median over repeats (robust to a neighbour process stealing the CPU now and
   then), or on request the minimum (the least disturbed repeat);
 * with CUDA inputs the GPU is synchronised before the clock is read (kernels are asynchronous).
