@@ -96,9 +96,12 @@ def test_grouped_query_attention_equals_attention_on_repeated_kv(form, h, h_kv, 
     ((2, 3, 5, 7), True, 3),        # per head, and the causal rule on top
     ((2, 1, 5, 7), True, 1),        # multi-query with a per-sequence mask
     ((2, 3, 5, 7), False, 1),       # multi-query with a per-head mask
+    ((2, 1, 6, 6), True, 3),        # n == m: causal and a padding mask together
+    ((6, 6), True, 1),
 ])
 def test_an_explicit_mask_equals_sdpa_and_the_reference(form, mask_shape, causal, h_kv, rng):
-    b, h, n, m, d_head = 2, 3, 5, 7, 4
+    b, h, d_head = 2, 3, 4
+    n, m = mask_shape[-2:]
     q = testing.randn(rng, b, h, n, d_head, dtype=torch.float64)
     k, v = (testing.randn(rng, b, h_kv, m, d_head, dtype=torch.float64) for _ in range(2))
     mask = torch.from_numpy(rng.random(mask_shape) < 0.7)
