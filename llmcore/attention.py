@@ -106,13 +106,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     group = check_attention_inputs(q, k, v, mask)
     n, m = q.shape[-2], k.shape[-2]
+    if backend == "fused" and causal and mask is None and n == m:
+        # the kernel's own causal rule is top-left aligned, which is the same when n == m,
+        # and it never builds an (n, m) mask
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
     allowed = causal_mask(n, m, q.device) if causal else None
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     if backend == "fused":
-        if causal and mask is None and n == m:      # the kernel's own causal rule (top-left
-            return F.scaled_dot_product_attention(  # aligned) is the same when n == m, and it
-                q, k, v, is_causal=True, enable_gqa=group > 1)   # never builds an (n, m) mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=group > 1)
         if allowed is not None:                     # rows with no visible key: zeros, as explicit
             out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)

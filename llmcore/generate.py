@@ -122,6 +122,7 @@ def generate(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool 
     repeat eos_id, and generation ends once every sequence has stopped. ``use_cache`` changes the
     speed, never the tokens. Chapters 6 and 7.
     """
+    check_tensor("prompt_ids", prompt_ids)
     out = [prompt_ids]
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     for step in decode_steps(model, prompt_ids, max_new_tokens, use_cache=use_cache,

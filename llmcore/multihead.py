@@ -101,6 +101,7 @@ def qkv_projection(x: Tensor, w_qkv: Tensor, b_qkv: Tensor | None, *, n_heads: i
     x: (..., n, d)   w_qkv: (d, (h + 2 h_kv) d_head)   b_qkv: ((h + 2 h_kv) d_head,) or None
     ->   q (..., h, n, d_head), k and v (..., h_kv, n, d_head). Chapter 4.
     """
+    check_operands(x=x, w_qkv=w_qkv, b_qkv=b_qkv)
     d = check_shape("x", x, ("...", "n", "d"))["d"]
     d_head, n_kv_heads = head_sizes(d, n_heads, n_kv_heads)
     width = (n_heads + 2 * n_kv_heads) * d_head

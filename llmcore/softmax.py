@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .shapes import check_tensor
+from .shapes import NEG_INF, check_tensor
 
 
 def softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
@@ -43,11 +43,11 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     x: (..., m) -> (..., m). Follows x's device and dtype. Chapter 3.
     """
     check_tensor("x", x)
-    top = x.amax(dim=dim, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))   # all -inf row: shift by 0
-    exps = torch.exp(x - top)
-    total = exps.sum(dim=dim, keepdim=True)
-    return exps / torch.where(total > 0, total, torch.ones_like(total))  # 0 / 1 = 0 for such rows
+    top = x.detach().amax(dim=dim, keepdim=True)          # the shift needs no gradient
+    top = top.masked_fill(top == NEG_INF, 0.0)            # all -inf row: shift by 0 instead
+    exps = torch.exp(x - top)                             # every exponent <= 0: no overflow
+    total = exps.sum(dim=dim, keepdim=True)               # >= 1 wherever the row has a finite max
+    return exps / total.clamp(min=1.0)                    # all -inf row: 0 / 1 = 0, not NaN
 
 
 def softmax_naive(x: Tensor, dim: int = -1) -> Tensor:

@@ -210,10 +210,6 @@ def test_generate_refuses_bad_prompts(model):
         generate(model, torch.full((1, 3), 99), 2, use_cache=False)
 
 
-@pytest.mark.xfail(strict=True, reason="generate() reads prompt_ids.shape (to build its `done` "
-                   "flags) before decode_steps checks the argument, so a list raises AttributeError "
-                   "'list' object has no attribute 'shape'; fix: check_tensor('prompt_ids', ...) "
-                   "at the top of generate")
 def test_generate_names_a_non_tensor_prompt(model):
     with pytest.raises(TypeError, match="prompt_ids: expected a torch.Tensor, got list"):
         generate(model, [[1, 2]], 2, use_cache=False)

@@ -202,9 +202,6 @@ def test_qkv_projection_refuses_the_wrong_width():
         qkv_projection(X, torch.zeros(12, 36), None, n_heads=4, n_kv_heads=2)
 
 
-@pytest.mark.xfail(strict=True, reason="qkv_projection leaves the dtype/device check to linear(), "
-                   "whose message names its own argument 'w' instead of 'w_qkv'; fix: call "
-                   "check_operands(x=x, w_qkv=w_qkv, b_qkv=b_qkv) first in qkv_projection")
 def test_qkv_projection_names_w_qkv_in_a_dtype_mismatch():
     with pytest.raises(TypeError, match="x is torch.float32, w_qkv is torch.float64"):
         qkv_projection(X, torch.zeros(12, 36, dtype=torch.float64), None, n_heads=3)
