@@ -127,6 +127,17 @@ def test_plot_masks_draws_one_panel_per_sequence_and_stays_closed():
     assert "masked: padding key" in labels
 
 
+def test_plot_masks_lays_panels_out_in_rows():
+    layout, valid = padded_layout()
+    fig = plot_masks(layout.mask, padding=~valid, ncols=2)            # 3 panels: 2 + 1
+    drawn = [ax for ax in fig.axes if ax.images]
+    assert len(fig.axes) == 4 and len(drawn) == 3
+    rows = sorted({round(ax.get_position().y0, 3) for ax in drawn})
+    assert len(rows) == 2                                              # two rows of panels
+    with pytest.raises(ValueError, match="ncols"):
+        plot_masks(layout.mask, ncols=0)
+
+
 def test_plot_masks_checks_per_sequence_arguments():
     layout, valid = padded_layout()
     with pytest.raises(ValueError, match=r"padding: expected shape \(3, 5\)"):

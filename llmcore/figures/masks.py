@@ -171,13 +171,14 @@ def plot_masks(mask: object, *, padding: object = None,
                row_labels: Sequence[Sequence[str]] | None = None,
                col_labels: Sequence[Sequence[str]] | None = None,
                titles: Sequence[str] | None = None, title: str | None = None,
-               cell: float = 0.3) -> Figure:
-    """Every sequence's mask side by side, one panel each, with a legend; returns the Figure.
+               cell: float = 0.3, ncols: int | None = None) -> Figure:
+    """Every sequence's mask, one panel each, with a legend; returns the Figure.
 
     mask: (b, 1, n, m), (b, n, m) or (n, m) bool (a :class:`llmcore.layout.Layout`'s ``mask``).
     padding: (b, m) bool, True where sequence s's key slot j holds padding (or None).
     row_labels / col_labels / titles: one entry per sequence (n labels / m labels / a str); the
-    default titles are "sequence s". cell: a cell's side in inches. Chapter 8.
+    default titles are "sequence s". cell: a cell's side in inches. ncols: panels per row
+    (default: all b in one row). Chapter 8.
     """
     array = check_mask("mask", mask)
     b, n, m = array.shape
@@ -193,11 +194,21 @@ def plot_masks(mask: object, *, padding: object = None,
     names = _per_sequence("titles", titles, b)
     if not (isinstance(cell, (int, float)) and 0.05 <= cell <= 1.0):
         raise ValueError(f"cell: expected a side between 0.05 and 1 inch, got {cell!r}")
-    width = b * (m * cell + 0.9) + 0.3
-    height = n * cell + 1.6
-    fig, axes = plt.subplots(1, b, figsize=(width, height), squeeze=False, layout="constrained")
+    if ncols is None:
+        ncols = b
+    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
+        raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
+    ncols = min(ncols, b)
+    nrows = -(-b // ncols)
+    width = ncols * (m * cell + 0.9) + 0.3
+    height = nrows * (n * cell + 1.1) + 0.5
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
+                             layout="constrained")
     plt.close(fig)            # out of pyplot's registry: the caller owns (and displays) it
-    for s, ax in enumerate(axes[0]):
+    for s, ax in enumerate(axes.flat):
+        if s >= b:
+            ax.axis("off")                                             # an empty grid slot
+            continue
         draw_mask(ax, array[s], padding=None if pad is None else pad[s], row_labels=rows[s],
                   col_labels=cols[s], title=names[s] if names[s] is not None else f"sequence {s}")
     fig.legend(handles=legend_handles(padding=pad is not None and bool(pad.any())),
