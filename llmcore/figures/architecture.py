@@ -350,16 +350,17 @@ def _draw_vectors_view(ax: Axes, sizes: Sizes, shapes: dict[str, Shape]) -> floa
     ax.text(0.25, block_y + block_h - 0.22, _layers_label(sizes), ha="left", va="center",
             fontsize=9, weight="bold")
     inner_x, inner_w = 0.55, 3.3
-    _box(ax, inner_x, block_y + 0.25, inner_w, 0.5, "layer norm -> FFN", COLORS["ffn"])
-    ax.text(inner_x + inner_w + 0.1, block_y + 0.5, "each token\non its own",
+    # inside a block data flows downwards: attention, its residual add, FFN, its residual add
+    _box(ax, inner_x, block_y + 0.45, inner_w, 0.5, "layer norm -> FFN", COLORS["ffn"])
+    ax.text(inner_x + inner_w + 0.1, block_y + 0.7, "each token\non its own",
             ha="left", va="center", fontsize=7.5)
-    _box(ax, inner_x, block_y + 1.35, inner_w, 0.5, "layer norm -> attention",
+    _box(ax, inner_x, block_y + 1.6, inner_w, 0.5, "layer norm -> attention",
          COLORS["attention"])
-    ax.text(inner_x + inner_w + 0.1, block_y + 1.6, "tokens exchange\ninformation",
+    ax.text(inner_x + inner_w + 0.1, block_y + 1.85, "tokens exchange\ninformation",
             ha="left", va="center", fontsize=7.5)
-    for y_plus in (block_y + 1.05, block_y + 2.15):
-        ax.text(inner_x + inner_w / 2, y_plus, "+ residual", ha="center", va="center",
-                fontsize=7.5, color="#555555")
+    for y_plus in (block_y + 0.22, block_y + 1.33):
+        ax.text(inner_x + inner_w / 2, y_plus, "+ residual (x + ...)", ha="center",
+                va="center", fontsize=7.5, color="#555555")
     _note(ax, block_y + block_h / 2,
           f"in:  n vectors of size d\nout: n vectors of size d\n(n, d) -> (n, d)\n"
           "shape-preserving,\nso blocks stack",
