@@ -191,8 +191,8 @@ def plot_step_costs(costs: Mapping[str, Mapping[str, float]], *,
     """
     shares = step_shares(costs)
     steps = list(next(iter(shares.values())))
-    fig, axes = plt.subplots(1, len(shares), figsize=(3.4 * len(shares) + 1.6,
-                                                      0.32 * len(steps) + 1.2),
+    fig, axes = plt.subplots(1, len(shares), figsize=(2.8 * len(shares) + 1.4,
+                                                      0.3 * len(steps) + 1.1),
                              sharey=True, squeeze=False, layout="constrained")
     plt.close(fig)
     for ax, (measure, row) in zip(axes[0], shares.items()):

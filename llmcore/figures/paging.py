@@ -368,7 +368,7 @@ def plot_timeline(timeline: Sequence, *, num_blocks: int, title: str | None = No
     colors = colors_for(order)
     steps = [record.step for record in records]
     fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(max(6.0, 0.22 * len(records) + 2.5), 0.16 * num_blocks + 3.2),
+        2, 1, figsize=(min(8.0, max(6.0, 0.16 * len(records) + 2.5)), 0.15 * num_blocks + 3.0),
         height_ratios=[max(num_blocks, 4) * 0.16, 1.4], sharex=True, layout="constrained")
     plt.close(fig)
     for record in records:
