@@ -7,9 +7,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
+LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv book book-instructor test browser bench lab exercises check grade train clean
+.PHONY: help venv book book-instructor book-cache test browser bench lab exercises check grade train clean
 
 help:
 	@sed -n '1,5p' Makefile | sed 's/^# \{0,1\}//'
@@ -23,15 +24,34 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 
 venv: $(STAMP)
 
-book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+# A failed strict build must fail again when re-run unchanged: Sphinx only re-reads changed pages
+# and would not repeat the warnings, so the saved environment is dropped on failure.
+book: $(STAMP) book-cache
+	$(BIN)/jupyter-book build . -W -n --keep-going \
+	  || { rm -f _build/.doctrees/environment.pickle; exit 1; }
 
-# The same site with the solution notebooks included (for instructors; not for publishing).
-book-instructor: $(STAMP)
-	LLMCORE_BOOK_SOLUTIONS=1 $(BIN)/jupyter-book build . -W -n --keep-going --path-output _build/instructor
+# The same site with the solution notebooks included (for instructors; never publish it).
+book-instructor: $(STAMP) book-cache
+	$(BIN)/python tests/book_site.py instructor-toc _build/_toc_instructor.yml
+	$(BIN)/jupyter-book build . -W -n --keep-going --toc _build/_toc_instructor.yml \
+	  --path-output _build/instructor \
+	  || { rm -f _build/instructor/_build/.doctrees/environment.pickle; exit 1; }
 
-test: $(STAMP) browser
+# The execution cache keys a chapter on its own code only, but chapters run llmcore: when the
+# package (or the shipped model) changes, every chapter must run again, so the cache is dropped.
+LLMCORE_HASH = $(shell find llmcore -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
+                 -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+book-cache:
+	@mkdir -p _build
+	@if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$(LLMCORE_HASH)" ]; then \
+	  rm -rf _build/.jupyter_cache; echo "$(LLMCORE_HASH)" > _build/.llmcore-hash; fi
+
+test: $(STAMP) $(LAB_SETTINGS) browser book-cache
 	$(BIN)/python -m pytest
+
+# JupyterLab opens the .md chapters as notebooks on double-click (jupytext's default viewer).
+$(LAB_SETTINGS): $(STAMP)
+	$(BIN)/jupytext-config --settings-file $@ set-default-viewer markdown myst
 
 # Debian's Chromium for the real-browser checks of the built site (installed only if missing).
 browser:
@@ -45,8 +65,8 @@ bench: $(STAMP)
 	$(BIN)/python -m llmcore.bench
 
 # JupyterLab on the course: chapters/*.md open as notebooks (jupytext).
-lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=.
+lab: $(STAMP) $(LAB_SETTINGS)
+	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Train the shipped tiny model again from scratch (about 15 minutes on 2 CPU cores).
 train: $(STAMP)
