@@ -182,8 +182,11 @@ class PagedKVCache:
             new += 1                                    # the shared last block gets copied
         return new
 
-    def _make_room(self, seq_id: Hashable, n: int) -> None:
-        """Copy a shared last block if it will be written, then add blocks for n more tokens."""
+    def make_room(self, seq_id: Hashable, n: int) -> None:
+        """Copy a shared last block if it will be written, then add blocks for n more tokens.
+
+        Call it only after checking ``blocks_needed`` against the free list (``PagedBatch.prepare``
+        does): it allocates as it goes."""
         seq = self._get(seq_id)
         if n > 0 and seq.length % self.block_size and \
                 self.allocator.ref_counts[seq.blocks[-1]] > 1:
@@ -262,7 +265,7 @@ class PagedBatch:
             raise OutOfBlocks(f"{needed} free blocks needed for {n} more token(s) in "
                               f"{len(self.seq_ids)} sequence(s), {cache.allocator.num_free} free")
         for seq_id in self.seq_ids:
-            cache._make_room(seq_id, n)
+            cache.make_room(seq_id, n)
         p, device = cache.block_size, cache.device
         seqs = [cache.sequences[s] for s in self.seq_ids]
         positions = [[seq.length + i for i in range(n)] for seq in seqs]
@@ -292,10 +295,12 @@ class PagedBatch:
         check_shape("v", v, (b, cache.n_kv_heads, "n", cache.d_head), **sizes)
         key_pool[write_blocks, :, write_slots] = k.transpose(1, 2)      # (b, n, h_kv, d_head)
         value_pool[write_blocks, :, write_slots] = v.transpose(1, 2)
-        return self._gather(key_pool, tables, m), self._gather(value_pool, tables, m)
+        return self.gather_blocks(key_pool, tables, m), self.gather_blocks(value_pool, tables, m)
 
     @staticmethod
-    def _gather(pool: Tensor, tables: Tensor, m: int) -> Tensor:
+    def gather_blocks(pool: Tensor, tables: Tensor, m: int) -> Tensor:
+        """pool: (blocks, h_kv, p, d_head)   tables: (b, t) block ids   ->   (b, h_kv, m, d_head):
+        each sequence's blocks, read in table order and laid end to end (a copy)."""
         blocks = pool[tables]                                  # (b, blocks, h_kv, p, d_head)
         b, count, h_kv, p, d_head = blocks.shape
         rows = blocks.transpose(1, 2).reshape(b, h_kv, count * p, d_head)
