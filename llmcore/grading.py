@@ -26,17 +26,18 @@ import argparse
 import contextlib
 import csv
 import html
+import inspect
 import logging
 import os
 import re
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -94,7 +95,7 @@ def _is_library_name(module: str, name: str, words: Sequence[str]) -> bool:
 
 
 def _is_library_function(obj, words: Sequence[str]) -> bool:
-    return callable(obj) and _is_library_name(getattr(obj, "__module__", None) or "",
+    return inspect.isfunction(obj) and _is_library_name(getattr(obj, "__module__", None) or "",
                                               getattr(obj, "__name__", "") or "", words)
 
 
@@ -131,13 +132,15 @@ def forbid(*targets: str | Callable, hint: str = "") -> Iterator[None]:
     Used by the exercises' test cells:
     ``with forbid(*SOFTMAXES, hint="Use torch.exp, amax and sum."): got = softmax_rows(x)``.
     """
-    torch_ops = {t.split(".", 1)[1] for t in targets if isinstance(t, str) and t.startswith("torch.")}
-    words = tuple(t.split(".", 1)[1] for t in targets if isinstance(t, str) and t.startswith("llmcore."))
-    numpy_names = [t for t in targets if isinstance(t, str) and t.startswith("numpy.")]
-    callables = [t for t in targets if callable(t) and not isinstance(t, str)]
-    unknown = [t for t in targets if isinstance(t, str) and not t.startswith(("torch.", "llmcore.", "numpy."))]
+    names = [t for t in targets if isinstance(t, str)]
+    unknown = [t for t in names if not t.startswith(("torch.", "llmcore.", "numpy."))]
     if unknown:
-        raise ValueError(f"forbid: targets must start with 'torch.', 'llmcore.' or 'numpy.', got {unknown}")
+        raise ValueError(f"forbid: targets must start with 'torch.', 'llmcore.' or 'numpy.' (or be "
+                         f"callables), got {unknown}")
+    torch_ops = {t.split(".", 1)[1] for t in names if t.startswith("torch.")}
+    words = tuple(t.split(".", 1)[1] for t in names if t.startswith("llmcore."))
+    numpy_names = [t for t in names if t.startswith("numpy.")]
+    callables = [t for t in targets if not isinstance(t, str)]
     codes = {getattr(c, "__code__", None) for c in callables} - {None}
     objects = {id(c): c for c in callables}
     hint = f" {hint}" if hint else ""
@@ -151,7 +154,8 @@ def forbid(*targets: str | Callable, hint: str = "") -> Iterator[None]:
         while frame is not None:
             code = frame.f_code
             if code in codes or (words and _is_library_code(code, frame.f_globals, words)):
-                outermost = f"{frame.f_globals.get('__name__')}.{code.co_qualname if hasattr(code, 'co_qualname') else code.co_name}"
+                name = getattr(code, "co_qualname", code.co_name)      # Python 3.11+
+                outermost = f"{frame.f_globals.get('__name__')}.{name}"
             frame = frame.f_back
         if outermost is not None:
             raise refuse(outermost)
@@ -173,8 +177,9 @@ def forbid(*targets: str | Callable, hint: str = "") -> Iterator[None]:
         return refusing
 
     patches: list[tuple[object, str, object]] = []
-    namespaces = [m for name, m in list(sys.modules.items())
-                  if name.startswith("llmcore.") and name not in _EXEMPT_MODULES and m is not None]
+    namespaces = [m for name, m in list(sys.modules.items()) if m is not None
+                  and (name == "llmcore" or name.startswith("llmcore."))
+                  and name not in _EXEMPT_MODULES]
     main = sys.modules.get("__main__")
     for dotted in numpy_names:
         found = _resolve(dotted)
@@ -271,7 +276,12 @@ CONFIG_NAME = "nbgrader_config.py"
 
 def _use_this_python() -> None:
     """Put this interpreter's bin directory first on PATH: nbgrader runs ``alembic`` for a new
-    gradebook, and the ``python3`` kernel spec starts ``python`` from PATH."""
+    gradebook, and the ``python3`` kernel spec starts ``python`` from PATH.
+
+    Also skips one optional import: nbformat imports jsonschema, which tries rfc3987_syntax (an
+    "iri" format checker that no notebook uses) and that package builds a parser at import, about
+    2.5 s of CPU for every command. jsonschema does without it (``suppress(ImportError)``)."""
+    sys.modules.setdefault("rfc3987_syntax", None)
     bin_dir = os.path.dirname(sys.executable)
     parts = os.environ.get("PATH", "").split(os.pathsep)
     if parts[:1] != [bin_dir]:
@@ -371,6 +381,9 @@ def _bounded_execute() -> type:
             elif out.output_type == "error":
                 out.evalue = out.evalue[:2000]
                 out.traceback = [line[:2000] for line in out.traceback[-40:]]
+            elif out.output_type == "execute_result":       # a partial-credit value: keep it short
+                out.data = {key: value[:2000] if isinstance(value, str) else value
+                            for key, value in out.data.items()}
             elif not needed and outs and outs[-1] is out:
                 outs.pop()
             self._kept[cell_index] = cap
@@ -405,8 +418,9 @@ def find_config(start: Path) -> Path | None:
     return fallback if fallback.is_file() else None
 
 
-def course_config(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike | None = None,
-                  timeout: int | None = None, config_file: str | os.PathLike | None = None):
+def course_config(course_dir: str | os.PathLike = ".", *,
+                  gradebook: str | os.PathLike | None = None, timeout: int | None = None,
+                  config_file: str | os.PathLike | None = None):
     """The nbgrader configuration for a course directory, as a traitlets ``Config``.
 
     Reads nbgrader_config.py (``config_file``, else the course's, else the repository's), then sets
@@ -443,7 +457,7 @@ def _course_directory(config, **attrs):
 
 
 class _LogRecords(logging.Handler):
-    """Keeps a converter's log records (messages formatted) for the summary and --verbose."""
+    """Keeps a converter's log records (level, message) for failure reasons and --verbose."""
 
     def __init__(self):
         super().__init__(level=logging.INFO)
@@ -452,6 +466,18 @@ class _LogRecords(logging.Handler):
     def emit(self, record):
         with contextlib.suppress(Exception):
             self.records.append((record.levelno, record.getMessage()))
+
+
+@contextlib.contextmanager
+def _quiet_gradebook() -> Iterator[None]:
+    """Silence two harmless warnings of nbgrader 0.9 with today's libraries: its gradebook makes
+    SQLAlchemy 2 warn "... not in session, add operation ... will not proceed" while it creates a
+    submission (which it then adds: nothing is lost), and a test cell it puts back into a
+    submission has no cell id (nbformat gives it one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not in session.*")
+        warnings.filterwarnings("ignore", message="Cell is missing an id field")
+        yield
 
 
 def _run_converter(app) -> _LogRecords:
@@ -463,7 +489,8 @@ def _run_converter(app) -> _LogRecords:
     old_level = app.log.level
     app.log.setLevel(logging.INFO)
     try:
-        app.start()
+        with _quiet_gradebook():
+            app.start()
     except NbGraderException:
         pass
     finally:
@@ -530,7 +557,7 @@ HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 
 
 @dataclass(frozen=True)
-class TestResult:
+class CellResult:
     """One test cell of a checked notebook."""
 
     grade_id: str
@@ -549,9 +576,9 @@ class TestResult:
 @dataclass(frozen=True)
 class CheckReport:
     notebook: Path
-    tests: tuple[TestResult, ...]
+    tests: tuple[CellResult, ...]
     cell_errors: tuple[str, ...]     # errors in cells that are not tests (your code)
-    edited_tests: tuple[str, ...]    # locked cells changed in the notebook (grading restores them)
+    edited_tests: tuple[str, ...]    # read-only cells changed (grading restores them)
 
     @property
     def points(self) -> float:
@@ -572,7 +599,8 @@ class CheckReport:
 
 
 def _code_lines(source: str) -> list[str]:
-    return [line for line in source.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [line for line in source.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
 
 
 def _last_error_line(text: str) -> str:
@@ -623,7 +651,8 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
     edited = tuple(c["source"].splitlines()[0] if c["source"] else "(empty cell)"
                    for c in found.get("changed", []))
     if "type_changed" in found:
-        changed = tuple(f"a {c['old_type']} cell became {c['new_type']}" for c in found["type_changed"])
+        changed = tuple(f"a {c['old_type']} cell became {c['new_type']}"
+                        for c in found["type_changed"])
         return CheckReport(path, (), (), changed)
     tests, errors = [], []
     for index, cell in enumerate(checker.executed.cells):
@@ -633,12 +662,12 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
             grade_id = cell.metadata.nbgrader.get("grade_id", f"cell {index}")
             hidden = HIDDEN_MARK in cell.source
             if not _code_lines(cell.source):
-                tests.append(TestResult(grade_id, float(cell.metadata.nbgrader["points"]), None,
+                tests.append(CellResult(grade_id, float(cell.metadata.nbgrader["points"]), None,
                                         "", True))
                 continue
             score, points = utils.determine_grade(cell)
             message = _error_text(cell) if score < points else ""
-            tests.append(TestResult(grade_id, points, float(score), message, hidden))
+            tests.append(CellResult(grade_id, points, float(score), message, hidden))
         else:
             message = _error_text(cell)
             if message:
@@ -662,7 +691,7 @@ def format_report(report: CheckReport) -> str:
     for error in report.cell_errors:
         lines.append(f"  ERROR   {error}")
     for cell in report.edited_tests:
-        lines.append(f"  EDITED  a locked test cell was changed ({cell!r}); grading runs the "
+        lines.append(f"  EDITED  a read-only cell was changed ({cell!r}); grading runs the "
                      "original, so undo the change")
     hidden = f" ({report.hidden_points:g} more in hidden tests, run when graded)" \
         if report.hidden_points else ""
@@ -714,7 +743,7 @@ def _failure_reasons(records: _LogRecords) -> dict[str, str]:
 def _zero_failed(db_url: str, course_id: str, assignment: str, student: str) -> None:
     """Record 0 points for every test of a submission nbgrader could not run to the end."""
     from nbgrader.api import Gradebook
-    with Gradebook(db_url, course_id) as gb:
+    with _quiet_gradebook(), Gradebook(db_url, course_id) as gb:
         gb.update_or_create_student(student)
         submission = gb.update_or_create_submission(assignment, student)
         for notebook in submission.notebooks:
@@ -735,28 +764,54 @@ def _failure_feedback(path: Path, student: str, assignment: str, reason: str) ->
         "what goes wrong, then submit it again.</p>\n</body></html>\n", encoding="utf-8")
 
 
+def _register(config, assignment: str) -> _LogRecords:
+    """Record an assignment's cells (tests, points, checksums, hidden tests) in the gradebook
+    (nbgrader generate_assignment into a scratch folder: exercises/ is not touched)."""
+    from nbgrader.converters import GenerateAssignment
+    with tempfile.TemporaryDirectory() as scratch:
+        app = GenerateAssignment(coursedir=_course_directory(
+            config, assignment_id=assignment, release_directory=scratch), config=config)
+        app.force = True
+        records = _run_converter(app)
+        if not any(Path(scratch, assignment).glob("*.ipynb")):
+            errors = "\n".join(m for level, m in records.records if level >= logging.ERROR)
+            raise RuntimeError(f"grade: nbgrader could not register {assignment}:\n{errors}")
+    return records
+
+
 def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike | None = None,
           csv_path: str | os.PathLike | None = None, timeout: int | None = None,
           force: bool = False, assignments: Sequence[str] | None = None,
           config_file: str | os.PathLike | None = None, feedback: bool = True,
-          log: Callable[[str], None] | None = None) -> list[GradeRow]:
+          log: Callable[[str], None] | None = None, verbose: bool = False) -> list[GradeRow]:
     """Grade every submission in ``course_dir/submitted/<student>/<assignment>/``.
 
     One nbgrader autograde run per assignment grades all its students; a submission that
     raises, hangs, exhausts its memory or kills its kernel is graded 0 where it stopped and the
-    run goes on. Already graded submissions are kept unless ``force``. Then writes feedback HTML
-    (``feedback/<student>/<assignment>/``) and the CSV (default ``course_dir/grades.csv``) of
-    every submission in the gradebook. Returns the CSV's rows.
+    run goes on. Submissions graded by an earlier run are kept unless ``force``. Then writes
+    feedback HTML (``feedback/<student>/<assignment>/``) and the CSV (default
+    ``course_dir/grades.csv``) of every submission in the gradebook, which it returns.
+    log: called with a line of progress; verbose: also pass it nbgrader's warnings and errors.
     """
     _use_this_python()
-    from nbgrader.api import Gradebook, MissingEntry
-    from nbgrader.converters import Autograde, GenerateAssignment, GenerateFeedback
+    from nbgrader.converters import Autograde, GenerateFeedback
 
     say = log or (lambda message: None)
+
+    def report(records: _LogRecords) -> None:
+        if verbose:
+            for level, message in records.records:
+                if level >= logging.WARNING:
+                    say(f"  nbgrader {logging.getLevelName(level).lower()}: {message}")
+
     config = course_config(course_dir, gradebook=gradebook, timeout=timeout,
                            config_file=config_file)
     coursedir = _course_directory(config)
     course = Path(coursedir.root)
+
+    def folder(step: str, student: str, assignment: str) -> Path:
+        return Path(coursedir.format_path(step, student, assignment))
+
     known = set(assignments_in(course / coursedir.source_directory))
     pairs = _submissions(course, coursedir.submitted_directory)
     if assignments:
@@ -766,59 +821,59 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
         if assignment not in known:
             status[(student, assignment)] = "unknown assignment"
             say(f"{student}/{assignment}: no such assignment in {coursedir.source_directory}/")
-    wanted = sorted({a for s, a in pairs if a in known})
 
-    def autograded(student: str, assignment: str) -> list[Path]:
-        return sorted(Path(coursedir.format_path(coursedir.autograded_directory, student,
-                                                 assignment)).glob("*.ipynb"))
-
-    for assignment in wanted:
+    for assignment in sorted({a for s, a in pairs if a in known}):
         students = [s for s, a in pairs if a == assignment]
-        with tempfile.TemporaryDirectory() as scratch:
-            # Register the assignment (its cells, points, checksums, hidden tests) in the gradebook.
-            generate = GenerateAssignment(coursedir=_course_directory(
-                config, assignment_id=assignment, release_directory=scratch), config=config)
-            generate.force = True
-            records = _run_converter(generate)
-            if not any(Path(scratch, assignment).glob("*.ipynb")):
-                errors = "\n".join(m for level, m in records.records if level >= logging.ERROR)
-                raise RuntimeError(f"grade: nbgrader could not register {assignment}:\n{errors}")
-        before = {s: [p.stat().st_mtime_ns for p in autograded(s, assignment)] for s in students}
+        report(_register(config, assignment))
+
+        def graded_files(student: str) -> list[tuple[Path, int]]:
+            return [(p, p.stat().st_mtime_ns) for p in sorted(
+                folder(coursedir.autograded_directory, student, assignment).glob("*.ipynb"))]
+
+        before = {student: graded_files(student) for student in students}
         say(f"{assignment}: grading {len(students)} submission(s)")
         app = Autograde(coursedir=_course_directory(config, assignment_id=assignment,
                                                     student_id="*"), config=config)
         app.force = force
         app.create_student = True
         records = _run_converter(app)
+        report(records)
         reasons = _failure_reasons(records)
         for student in students:
-            files = autograded(student, assignment)
-            if files and [p.stat().st_mtime_ns for p in files] != before[student]:
+            files = graded_files(student)
+            if files and files != before[student]:
                 status[(student, assignment)] = "graded"
-                shutil.rmtree(course / coursedir.feedback_directory / student / assignment,
+                shutil.rmtree(folder(coursedir.feedback_directory, student, assignment),
                               ignore_errors=True)
-            elif files:
+                continue
+            if files:
                 status[(student, assignment)] = "graded earlier"
-            else:
-                folder = os.path.normpath(coursedir.format_path(
-                    coursedir.submitted_directory, student, assignment))
-                reason = reasons.get(folder, "nbgrader could not run this notebook to the end")
-                status[(student, assignment)] = f"failed: {reason}"
-                say(f"{student}/{assignment}: graded 0, the notebook stopped the grader ({reason})")
-                _zero_failed(coursedir.db_url, coursedir.course_id, assignment, student)
-                if feedback:
-                    submitted = Path(coursedir.format_path(coursedir.submitted_directory,
-                                                           student, assignment))
-                    for nb in sorted(submitted.glob("*.ipynb")):
-                        _failure_feedback(Path(coursedir.format_path(
-                            coursedir.feedback_directory, student, assignment)) / f"{nb.stem}.html",
-                            student, assignment, reason)
+                continue
+            submitted = folder(coursedir.submitted_directory, student, assignment)
+            reason = reasons.get(os.path.normpath(submitted),
+                                 "nbgrader could not run this notebook to the end")
+            status[(student, assignment)] = f"failed: {reason}"
+            say(f"{student}/{assignment}: graded 0, the notebook stopped the grader ({reason})")
+            _zero_failed(coursedir.db_url, coursedir.course_id, assignment, student)
+            if feedback:
+                for nb in sorted(submitted.glob("*.ipynb")):
+                    pages = folder(coursedir.feedback_directory, student, assignment)
+                    _failure_feedback(pages / f"{nb.stem}.html", student, assignment, reason)
         if feedback:
             app = GenerateFeedback(coursedir=_course_directory(
                 config, assignment_id=assignment, student_id="*"), config=config)
             app.update_config(_feedback_config())
-            _run_converter(app)
+            report(_run_converter(app))
 
+    rows = _gradebook_rows(coursedir, status)
+    write_grades(rows, Path(csv_path) if csv_path else course / "grades.csv")
+    return rows
+
+
+def _gradebook_rows(coursedir, status: dict[tuple[str, str], str]) -> list[GradeRow]:
+    """Every submission in the gradebook (this run's and earlier ones), plus the submissions of
+    unknown assignments, sorted by assignment and student."""
+    from nbgrader.api import Gradebook, MissingEntry
     rows = []
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         for assignment in gb.assignments:
@@ -830,13 +885,9 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
                 note = status.get((student.id, assignment.name), "graded earlier")
                 rows.append(GradeRow(student.id, assignment.name, float(submission.score),
                                      float(assignment.max_score), note))
-    for (student, assignment), note in status.items():
-        if note == "unknown assignment":
-            rows.append(GradeRow(student, assignment, 0.0, 0.0, note))
-    rows.sort(key=lambda r: (r.assignment, r.student))
-    out = Path(csv_path) if csv_path else course / "grades.csv"
-    write_grades(rows, out)
-    return rows
+    rows += [GradeRow(student, assignment, 0.0, 0.0, note)
+             for (student, assignment), note in status.items() if note == "unknown assignment"]
+    return sorted(rows, key=lambda r: (r.assignment, r.student))
 
 
 def _feedback_config():
@@ -865,25 +916,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Release, check and grade the course's nbgrader exercises.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("release", help="generate exercises/ (student notebooks) from solutions/")
+    p = commands.add_parser("release",
+                            help="generate exercises/ (student notebooks) from solutions/")
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
     p.add_argument("--release-dir", default=None,
                    help="write here instead of the course's exercises/")
 
     p = commands.add_parser("check", help="run a notebook and print each visible test's result")
-    p.add_argument("notebook", help="path to an .ipynb (for example exercises/01_matmul/matmul.ipynb)")
+    p.add_argument("notebook",
+                   help="path to an .ipynb (for example exercises/01_matmul/matmul.ipynb)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
 
     p = commands.add_parser("grade", help="grade submitted/<student>/<assignment>/ (autograde, "
                                           "feedback HTML, grades CSV)")
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
-    p.add_argument("--gradebook", default=None, help="sqlite gradebook (default: COURSE/gradebook.db)")
+    p.add_argument("--gradebook", default=None,
+                   help="sqlite gradebook (default: COURSE/gradebook.db)")
     p.add_argument("--csv", default=None, help="grades file (default: COURSE/grades.csv)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
     p.add_argument("--assignment", action="append", default=None,
                    help="grade only this assignment (repeatable; default: all)")
     p.add_argument("--force", action="store_true", help="grade again what was graded before")
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show nbgrader's warnings and errors")
 
     args = parser.parse_args(argv)
     try:
@@ -897,10 +953,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if report.ok else 1
         rows = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
                      timeout=args.timeout, force=args.force, assignments=args.assignment,
-                     feedback=not args.no_feedback, log=lambda m: print(m, flush=True))
+                     feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
+                     verbose=args.verbose)
         width = max([len(r.student) for r in rows] + [7])
         for r in rows:
-            print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} {r.status}")
+            print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} "
+                  f"{r.status}")
         course = Path(args.course_dir).resolve()
         print(f"grades: {Path(args.csv) if args.csv else course / 'grades.csv'}; "
               f"feedback: {course / 'feedback'}")
