@@ -15,7 +15,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from llmcore.figures.sampling import (REST_LABEL, check_distribution,  # noqa: E402
-                                      entropy_bits, plot_distributions, shown_tokens)
+                                      entropy_bits, plot_distributions, printable,
+                                      shown_tokens)
+from llmcore.tokenizer import decode  # noqa: E402
 from llmcore.softmax import softmax  # noqa: E402
 from llmcore.testing import randn  # noqa: E402
 
@@ -147,3 +149,23 @@ def test_distributions_over_different_vocabularies_are_refused():
         plot_distributions({}, LABELS)
     with pytest.raises(TypeError, match="mapping"):
         plot_distributions([[0.5, 0.5]], ["x", "y"])
+
+
+def test_printable_shows_control_characters_instead_of_obeying_them():
+    assert printable("a\x1b[31mb") == "a\\x1b[31mb"            # an ANSI colour code, shown
+    assert printable("x\x00y\x7f") == "x\\x00y\\x7f"
+    assert printable("\u2028") == "\\u2028"                     # a line separator
+    code = "def f(x):\n\treturn x  # é \ufffd"
+    assert printable(code) == code                               # layout and text untouched
+
+
+def test_printable_makes_any_decoded_bytes_safe():
+    text = decode(list(range(256)))
+    shown = printable(text)
+    assert all(ch.isprintable() or ch in "\n\t" for ch in shown)
+    assert "\x1b" not in shown and "\\x1b" in shown
+
+
+def test_printable_refuses_token_ids():
+    with pytest.raises(TypeError, match="text: expected a str"):
+        printable([104, 105])

@@ -15,6 +15,9 @@ over the same tokens, so that the eye can follow one token's probability from pa
   log2(v) bits: all equally likely).
 * :func:`plot_distributions` draws one panel per distribution, the same tokens in the same order
   in every panel, plus one bar for the probability left to all the other tokens.
+* :func:`printable` makes sampled text safe to print in a notebook: a sampled byte can be a
+  control character (an ANSI escape, say) that a terminal or the book's output renderer would
+  interpret instead of show.
 
 Figures made here are closed in pyplot's registry, so a notebook shows each exactly once, as the
 cell's result. The probabilities themselves are computed by the caller (the chapter, with
@@ -175,3 +178,23 @@ def plot_distributions(distributions: Mapping[str, object], labels: Sequence[str
     if title:
         fig.suptitle(title)
     return fig
+
+
+KEPT_CONTROLS = "\n\t"
+"""Control characters :func:`printable` leaves as they are: line breaks and tabs lay code out."""
+
+
+def printable(text: str) -> str:
+    r"""Text with every unprintable character except newline and tab written as an escape.
+
+    ``"a\x1b[31mb"`` (with a real escape character) -> ``"a\\x1b[31mb"``: the escape is shown,
+    not obeyed. Characters above U+00FF are written ``\uNNNN``. Printable characters, including
+    U+FFFD (what the byte tokenizer decodes invalid UTF-8 to), pass through unchanged.
+    Chapters 5 and 6.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str (decode token ids first), got "
+                        f"{type(text).__name__}")
+    return "".join(ch if ch.isprintable() or ch in KEPT_CONTROLS
+                   else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+                   for ch in text)
