@@ -274,7 +274,7 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 CONFIG_NAME = "nbgrader_config.py"
 
 
-def _use_this_python() -> None:
+def _prepare_environment() -> None:
     """Put this interpreter's bin directory first on PATH: nbgrader runs ``alembic`` for a new
     gradebook, and the ``python3`` kernel spec starts ``python`` from PATH.
 
@@ -519,7 +519,7 @@ def release(course_dir: str | os.PathLike = ".", *, release_dir: str | os.PathLi
     assignment folder; no gradebook is touched. Returns the notebooks written. The output depends
     only on solutions/, so a fresh generation equals the committed one.
     """
-    _use_this_python()
+    _prepare_environment()
     from nbgrader.converters import GenerateAssignment
     config = course_config(course_dir, config_file=config_file)
     config.SaveCells.enabled = False          # no gradebook: releasing records nothing
@@ -626,7 +626,7 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
           config_file: str | os.PathLike | None = None) -> CheckReport:
     """Run a notebook in a fresh kernel (nbgrader's Validator, bounded like the grader) and
     report every test cell: pass or fail with its message, and the points it is worth."""
-    _use_this_python()
+    _prepare_environment()
     from nbgrader import utils
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
@@ -647,7 +647,11 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
 
     checker = Checker(config=config)
     checker.ignore_checksums = False
-    found = checker.validate(str(path))
+    try:
+        found = checker.validate(str(path))
+    except Exception as error:          # the kernel died, or the notebook is not a notebook
+        reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+        return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",), ())
     edited = tuple(c["source"].splitlines()[0] if c["source"] else "(empty cell)"
                    for c in found.get("changed", []))
     if "type_changed" in found:
@@ -793,7 +797,7 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
     ``course_dir/grades.csv``) of every submission in the gradebook, which it returns.
     log: called with a line of progress; verbose: also pass it nbgrader's warnings and errors.
     """
-    _use_this_python()
+    _prepare_environment()
     from nbgrader.converters import Autograde, GenerateFeedback
 
     say = log or (lambda message: None)

@@ -9,6 +9,7 @@ tests at the top check the helpers the notebooks' test cells use.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -175,12 +176,16 @@ def _check(notebook: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_check_passes_a_solution_and_prints_each_test():
-    done = _check(ROOT / "solutions" / "01_matmul" / "matmul.ipynb")
+def test_check_passes_a_solved_notebook_and_prints_each_test(tmp_path):
+    solved = tmp_path / "matmul.ipynb"
+    nbformat.write(_submission("01_matmul", answered=True), str(solved))
+    done = _check(solved)
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("test_dot", "test_matmul", "test_matmul_error", "test_project"):
         assert f"PASS    {name}:" in done.stdout, done.stdout
-    assert "Points so far: 12 of 12." in done.stdout
+    assert "HIDDEN  test_project_hidden: 2 points, run when the notebook is graded" in done.stdout
+    assert "Points so far: 5 of 5 (7 more in hidden tests, run when graded)." in done.stdout
+    assert "All visible tests pass." in done.stdout
 
 
 @pytest.mark.slow
@@ -191,6 +196,14 @@ def test_check_fails_an_unanswered_notebook_with_the_reason():
     assert "NotImplementedError: replace this line with your code" in done.stdout
     assert "HIDDEN  test_matmul_hidden: 3 points, run when the notebook is graded" in done.stdout
     assert "Points so far: 0 of 5 (7 more in hidden tests, run when graded)." in done.stdout
+
+
+def test_check_reports_a_notebook_it_cannot_run(tmp_path):
+    broken = tmp_path / "broken.ipynb"
+    broken.write_text("{not a notebook")
+    report = grading.check(broken)
+    assert not report.ok and "could not be run to the end" in report.cell_errors[0]
+    assert "ERROR" in grading.format_report(report)
 
 
 def test_check_refuses_a_missing_notebook():
@@ -273,6 +286,11 @@ def _cell_scores(gradebook: Path, student: str, assignment: str) -> dict[str, tu
         return {g.name: (float(g.score), float(g.max_score)) for g in notebook.grades}
 
 
+def _count_grades(gradebook: Path) -> int:
+    with contextlib.closing(sqlite3.connect(gradebook)) as db:
+        return db.execute("select count(*) from grade").fetchone()[0]
+
+
 def _row(rows, student: str, assignment: str):
     found = [r for r in rows if r.student == student and r.assignment == assignment]
     assert len(found) == 1, f"expected one grade for {student}/{assignment}, got {found}"
@@ -343,18 +361,24 @@ def test_a_broken_submission_does_not_stop_the_run(graded):
 
 @pytest.mark.slow
 def test_grading_again_keeps_every_grade(graded):
-    """A later run grades only the new submission; nothing already in the gradebook changes."""
+    """A later run (the instructor's command line) grades only the new submission; nothing
+    already in the gradebook changes."""
     course, gradebook, rows, _ = graded
-    before = sqlite3.connect(gradebook).execute(
-        "select count(*) from grade").fetchone()[0]
+    before = _count_grades(gradebook)
     _submit(course, "late", "01_matmul", _submission("01_matmul", answered=True))
-    again = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT, feedback=False)
-    late = _row(again, "late", "01_matmul")
-    assert late.status == "graded" and late.score == late.max_score
-    old = {(r.student, r.assignment): r.score for r in rows}
-    new = {(r.student, r.assignment): r.score for r in again if r.student != "late"}
-    assert new == old
-    assert all(r.status != "graded" for r in again if r.student != "late"), \
+    grades = course / "second.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "llmcore.grading", "grade", "--course-dir", str(course),
+         "--gradebook", str(gradebook), "--csv", str(grades), "--timeout", str(CELL_TIMEOUT),
+         "--no-feedback"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(grades, newline="") as f:
+        again = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(f)}
+    late = again.pop(("late", "01_matmul"))
+    assert late["status"] == "graded" and late["score"] == late["max_score"] == "12", late
+    assert {key: float(r["score"]) for key, r in again.items()} == \
+        {(r.student, r.assignment): r.score for r in rows}
+    assert not [r for r in again.values() if r["status"] == "graded"], \
         "only the new submission is graded again"
-    after = sqlite3.connect(gradebook).execute("select count(*) from grade").fetchone()[0]
-    assert after == before + len(_cell_scores(gradebook, "late", "01_matmul"))
+    assert "late" in done.stdout and "grades:" in done.stdout
+    assert _count_grades(gradebook) == before + len(_cell_scores(gradebook, "late", "01_matmul"))
