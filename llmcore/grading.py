@@ -613,6 +613,10 @@ def _last_error_line(text: str) -> str:
 
 
 def _error_text(cell) -> str:
+    errors = [out.ename for out in cell.get("outputs", []) if out.output_type == "error"]
+    if "CellTimeoutError" in errors or "KeyboardInterrupt" in errors:
+        return ("CellTimeoutError: the cell ran past the time limit and was interrupted (a loop "
+                "that never ends?)")
     for out in cell.get("outputs", []):
         if out.output_type == "error":
             return f"{out.ename}: {out.evalue}" if out.evalue else out.ename
@@ -635,8 +639,7 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
     path = Path(notebook).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"check: no notebook at {notebook}")
-    config = course_config(path.parent, timeout=timeout,
-                           config_file=config_file or find_config(path.parent))
+    config = course_config(path.parent, timeout=timeout, config_file=config_file)
 
     class Checker(Validator):
         preprocessors = List([CheckCellMetadata, ClearOutput, _bounded_execute()])
