@@ -82,7 +82,7 @@ check: $(STAMP)
 
 # Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
 grade: $(STAMP)
-	$(BIN)/python -m llmcore.grading grade
+	$(BIN)/python -m llmcore.grading grade $(ARGS)
 
 clean:
 	rm -rf _build
