@@ -1,0 +1,154 @@
+"""llmcore.train without the full run: the learning-rate schedule, batches and evaluation windows,
+a short training run on a tiny config that lowers the loss and repeats exactly under its seed,
+and the command line end to end on a tiny config (files written, and loadable)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from llmcore.corpus import load_corpus
+from llmcore.model import GPT
+from llmcore.pretrained import load_pretrained, pretrained_info
+from llmcore.train import (TrainConfig, evaluate_bits_per_byte, evaluation_windows,
+                           learning_rate, main, next_byte_loss, random_batch, spread, train)
+
+TINY_RUN = dict(d_model=32, n_layers=2, n_heads=2, max_seq_len=24, batch_size=8, steps=60,
+                lr=1e-2, warmup_steps=6, eval_every=20, eval_windows=16)
+"""A few seconds on a CPU: every size distinct (d = 32, h = 2, n = 24, b = 8)."""
+
+TEXT = ("def add(a, b):\n    return a + b\n\n" * 40 + "class Point:\n    x = 0\n    y = 0\n"
+        * 30).encode()
+
+
+def stream(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def test_schedule_warms_up_linearly_then_decays_by_a_half_cosine():
+    c = TrainConfig(steps=200, warmup_steps=20, lr=1e-3, min_lr_ratio=0.1)
+    lrs = [learning_rate(s, c) for s in range(c.steps)]
+    assert lrs[:20] == pytest.approx([1e-3 * (s + 1) / 20 for s in range(20)])
+    assert lrs[19] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-4)                       # lr * min_lr_ratio at the end
+    middle = 20 + (199 - 20) / 2                                # half way through the decay
+    assert learning_rate(int(middle), c) == pytest.approx(0.55e-3, rel=0.01)
+    assert all(a >= b for a, b in zip(lrs[19:], lrs[20:]))      # never rises after warm-up
+
+
+def test_schedule_without_warmup_starts_at_the_peak():
+    c = TrainConfig(steps=10, warmup_steps=0, lr=2e-3, min_lr_ratio=0.0)
+    assert learning_rate(0, c) == pytest.approx(2e-3) and learning_rate(9, c) == pytest.approx(0)
+
+
+def test_random_batch_windows_are_consecutive_and_seeded():
+    tokens = torch.arange(100, dtype=torch.uint8)
+    g = torch.Generator().manual_seed(3)
+    batch = random_batch(tokens, 5, 7, g)                       # (b=5, n+1=8)
+    assert batch.shape == (5, 8) and batch.dtype == torch.long
+    assert ((batch[:, 1:] - batch[:, :-1]) == 1).all()          # consecutive bytes
+    again = random_batch(tokens, 5, 7, torch.Generator().manual_seed(3))
+    assert torch.equal(batch, again)
+
+
+def test_evaluation_windows_score_every_byte_once():
+    tokens = torch.arange(50, dtype=torch.uint8)
+    windows = evaluation_windows(tokens, 7)                     # k = 49 // 7 = 7
+    assert windows.shape == (7, 8)
+    assert windows[:, 1:].flatten().tolist() == list(range(1, 50))   # each target once
+    assert torch.equal(windows[1:, 0], windows[:-1, -1])        # overlap of one byte
+    assert spread(windows, 3)[:, 0].tolist() == [0, 21, 42]     # first, middle, last
+    assert spread(windows, 99).shape == windows.shape
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (torch.arange(5), ValueError, "5 tokens are fewer than one window"),
+    (torch.zeros(3, 40), ValueError, r"expected a 1-D tensor of byte tokens \(N,\), got shape"),
+    ([1, 2, 3], TypeError, "expected a 1-D tensor of byte tokens, got list"),
+])
+def test_streams_are_checked(bad, error, message):
+    with pytest.raises(error, match=message):
+        evaluation_windows(bad, 8)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("steps", 0, "steps must be positive"),
+    ("lr", -1.0, "lr must be positive"),
+    ("warmup_steps", 10 ** 6, r"warmup_steps must lie in \[0, steps"),
+    ("min_lr_ratio", 2.0, r"min_lr_ratio must lie in \[0, 1\]"),
+    ("n_heads", 5, "n_heads"),
+])
+def test_train_config_refuses_bad_settings(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**{field: value})
+
+
+def test_next_byte_loss_of_a_fresh_model_is_about_uniform():
+    config = TrainConfig(**TINY_RUN)
+    model = GPT(config.model_config(), seed=0)
+    windows = evaluation_windows(stream(TEXT), config.max_seq_len)
+    bits = evaluate_bits_per_byte(model, windows)
+    assert abs(bits - 8.0) < 0.3                                 # log2(256) = 8: knows nothing
+    loss = next_byte_loss(model, windows[:4])
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    config = TrainConfig(**TINY_RUN)
+    tokens = stream(TEXT)
+    return config, train(config, tokens, tokens, progress=False)
+
+
+def test_a_short_run_lowers_the_loss(tiny_run):
+    config, (model, history) = tiny_run
+    assert len(history.train_bits) == config.steps == len(history.lr) == len(history.grad_norm)
+    assert history.eval_steps == [20, 40, 60]
+    first, last = sum(history.train_bits[:5]) / 5, sum(history.train_bits[-5:]) / 5
+    assert first > 6.5 and last < first - 3.0, (first, last)
+    assert history.eval_bits[-1] < 3.5                          # repetitive text: easy
+    assert not model.training
+    assert max(history.grad_norm) > 0 and history.wall_seconds > 0
+
+
+def test_a_run_repeats_exactly_under_its_seed(tiny_run):
+    config, (model, history) = tiny_run
+    short = TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6})
+    tokens = stream(TEXT)
+    a = train(short, tokens, tokens, progress=False)[1]
+    b = train(short, tokens, tokens, progress=False)[1]
+    assert a.train_bits == b.train_bits and a.eval_bits == b.eval_bits
+    other = train(TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6, "seed": 1}),
+                  tokens, tokens, progress=False)[1]
+    assert other.train_bits != a.train_bits
+
+
+def test_command_line_writes_a_loadable_model_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = {"--d-model": 24, "--n-layers": 1, "--n-heads": 3, "--max-seq-len": 40,
+             "--batch-size": 4, "--steps": 8, "--warmup-steps": 2, "--eval-every": 4,
+             "--eval-windows": 4, "--threads": 1}
+    argv = [str(x) for kv in flags.items() for x in kv] + ["--out", str(out), "--no-progress"]
+    metrics = main(argv)
+    printed = capsys.readouterr().out
+    for name in ("config.json", "model.safetensors", "metrics.json", "loss_curve.png",
+                 "validation_slice.txt", "MODEL_CARD.md", "DATA_CARD.md"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "metrics.json").read_text()) == metrics
+    assert "greedy" in printed and "baselines on the validation split" in printed
+    corpus = load_corpus()
+    assert metrics["corpus"] == corpus.summary()
+    assert metrics["model"]["d_model"] == 24 and metrics["training"]["steps"] == 8
+    assert metrics["weights_dtype"] == "float32"                 # small enough to store as is
+    model = load_pretrained(out)                              # the folder loads, hash checked
+    assert model.dtype == torch.float32 and model.config.max_seq_len == 40
+    assert pretrained_info(out)["validation"]["bits_per_byte"] == \
+        pytest.approx(metrics["validation"]["bits_per_byte"])
+    card = (out / "MODEL_CARD.md").read_text()
+    assert f"{metrics['validation']['bits_per_byte']:.3f}" in card
+    assert f"{metrics['baselines']['bigram_bits_per_byte']:.3f}" in card
+    assert "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2" in (out / "DATA_CARD.md").read_text()
+    assert math.isfinite(metrics["fixed_slice"]["bits_per_byte"])
