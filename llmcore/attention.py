@@ -93,6 +93,35 @@ def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     return out
 
 
+def attention_scores(q: Tensor, k: Tensor) -> Tensor:
+    """Scaled scores q k^T / sqrt(d_head) of every query against every key.
+
+    q: (..., h, n, d_head)   k: (..., h_kv, m, d_head)   ->   (..., h, n, m). With h_kv < h, the g = h
+    / h_kv query heads that share a K head are stacked as g n rows of one matmul against it, so K
+    is read once, never repeated per query head. Chapter 3 (grouped heads: Chapter 4).
+    """
+    d_head = q.shape[-1]
+    if q.dim() < 3 or q.shape[-3] == k.shape[-3]:
+        return q @ k.transpose(-2, -1) / math.sqrt(d_head)                  # (..., n, m)
+    *lead, h, n, _ = q.shape
+    rows = q.reshape(*lead, k.shape[-3], h // k.shape[-3] * n, d_head)      # (..., h_kv, g n, d_head)
+    scores = rows @ k.transpose(-2, -1) / math.sqrt(d_head)                 # (..., h_kv, g n, m)
+    return scores.view(*lead, h, n, k.shape[-2])                            # (..., h, n, m)
+
+
+def weighted_values(weights: Tensor, v: Tensor) -> Tensor:
+    """Each query's weighted sum of value rows.
+
+    weights: (..., h, n, m)   v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head), grouped heads
+    stacked as rows as in :func:`attention_scores`. Chapter 3.
+    """
+    if weights.dim() < 3 or weights.shape[-3] == v.shape[-3]:
+        return weights @ v                                                  # (..., n, d_head)
+    *lead, h, n, m = weights.shape
+    rows = weights.reshape(*lead, v.shape[-3], h // v.shape[-3] * n, m)     # (..., h_kv, g n, m)
+    return (rows @ v).view(*lead, h, n, v.shape[-1])                        # (..., h, n, d_head)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               mask: Tensor | None = None, backend: str = "explicit") -> Tensor:
     """Same contract as :func:`attention_loop`, all queries at once.
@@ -118,14 +147,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         if allowed is not None:                     # rows with no visible key: zeros, as explicit
             out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
         return out
-    if group > 1:                                   # (..., h_kv, g, n, d_head): no copy of K or V
-        q = q.unflatten(-3, (k.shape[-3], group))
-        k, v = k.unsqueeze(-3), v.unsqueeze(-3)     # (..., h_kv, 1, m, d_head)
-        if allowed is not None and allowed.dim() >= 3:
-            allowed = allowed.unflatten(-3, (k.shape[-4], group)) if allowed.shape[-3] != 1 \
-                else allowed.unsqueeze(-3)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # (..., n, m)
+    scores = attention_scores(q, k)                                      # (..., h, n, m)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, NEG_INF)
-    out = softmax(scores, dim=-1) @ v                            # (..., n, d_head)
-    return out.flatten(-4, -3) if group > 1 else out
+    return weighted_values(softmax(scores, dim=-1), v)                   # (..., h, n, d_head)

@@ -10,8 +10,10 @@ Every cache kind in llmcore (this contiguous one, ``llmcore.prefix.SharedPrefixC
 - ``max_length``: the most tokens any of its sequences holds (for the max_seq_len check);
 - ``prepare(b, n, attention_mask) -> Layout``: check that n more tokens fit, make room, and say
   where they sit; it raises before anything is written, so a refused call changes nothing;
-- ``update(layer, k, v) -> (k, v)``: store this layer's new rows (b, h_kv, n, d_head) and return
-  everything the new queries may see, (b, h_kv, m, d_head);
+- ``attend(layer, q, k, v, layout, backend) -> out``: store this layer's new K and V rows
+  (b, h_kv, n, d_head) and return the new queries' attention over everything they may see,
+  (b, h, n, d_head). Most kinds do it as :func:`attend_after_update`: ``update`` the store, which
+  returns all visible rows (b, h_kv, m, d_head), then call :func:`llmcore.attention.attention`;
 - ``commit(n, attention_mask)``: the new tokens now count as cached.
 
 Chapter 7.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .attention import attention
 from .layout import Layout, contiguous_layout
 from .shapes import check_operands, check_shape
 
@@ -32,6 +35,16 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_el
     2 * L * h_kv * d_head * bytes_per_element. Chapter 7.
     """
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_element
+
+
+def attend_after_update(cache, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+                        backend: str = "explicit") -> Tensor:
+    """Store the new rows with ``cache.update``, then attend over all the rows it returns.
+
+    q: (b, h, n, d_head)   k, v: (b, h_kv, n, d_head)   ->   (b, h, n, d_head). Chapter 7.
+    """
+    k, v = cache.update(layer, k, v)                                # (b, h_kv, m, d_head)
+    return attention(q, k, v, causal=layout.mask is None, mask=layout.mask, backend=backend)
 
 
 class KVCache:
@@ -129,6 +142,11 @@ class KVCache:
         values[:, :, self.length:end] = v
         return keys[:, :, :end], values[:, :, :end]
 
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+               backend: str = "explicit") -> Tensor:
+        """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head)."""
+        return attend_after_update(self, layer, q, k, v, layout, backend)
+
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
         if attention_mask is not None and self.valid is None:
             self.valid = torch.ones(self.batch_size, self.capacity, dtype=torch.bool,
@@ -137,6 +155,12 @@ class KVCache:
             self.valid[:, self.length:self.length + n] = True if attention_mask is None \
                 else attention_mask
         self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Forget every token from ``length`` on (the buffers stay; later tokens overwrite them)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"truncate: length must lie in [0, {self.length}], got {length}")
+        self.length = length
 
     def tokens_held(self) -> int:
         """Real (non-padding) tokens cached, summed over the batch."""

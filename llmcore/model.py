@@ -103,13 +103,14 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, layout: Layout, cache=None, layer: int = 0,
                 backend: str = "explicit") -> Tensor:
-        """x: (b, n, d) -> (b, n, d). With a cache, k and v gain the past: (b, h_kv, m, d_head)."""
+        """x: (b, n, d) -> (b, n, d). With a cache, the queries also see the cached past."""
         q, k, v = qkv_projection(x, self.w_qkv, self.b_qkv, n_heads=self.n_heads,
                                  n_kv_heads=self.n_kv_heads)       # (b, h, n, d_head), (b, h_kv, n, d_head)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)                         # (b, h_kv, m, d_head)
-        out = attention(q, k, v, causal=layout.mask is None, mask=layout.mask,
-                        backend=backend)                             # (b, h, n, d_head)
+        if cache is None:
+            out = attention(q, k, v, causal=layout.mask is None, mask=layout.mask,
+                            backend=backend)                         # (b, h, n, d_head)
+        else:                                   # the cache adds the past: m = past + n keys
+            out = cache.attend(layer, q, k, v, layout, backend)      # (b, h, n, d_head)
         return linear(merge_heads(out), self.w_o, self.b_o)          # (b, n, d)
 
 

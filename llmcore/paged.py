@@ -23,7 +23,7 @@ from typing import Hashable, Sequence
 import torch
 from torch import Tensor
 
-from .kvcache import kv_bytes_per_token
+from .kvcache import attend_after_update, kv_bytes_per_token
 from .layout import Layout, ragged_layout
 from .shapes import check_operands, check_shape
 
@@ -162,6 +162,15 @@ class PagedKVCache:
         for block in seq.blocks:
             self.allocator.free(block)
         del self.sequences[seq_id]
+
+    def truncate(self, seq_id: Hashable, length: int) -> None:
+        """Forget the sequence's tokens from ``length`` on, returning blocks it no longer needs."""
+        seq = self._get(seq_id)
+        if not 0 <= length <= seq.length:
+            raise ValueError(f"truncate: length must lie in [0, {seq.length}], got {length}")
+        while len(seq.blocks) > self.blocks_for(length):
+            self.allocator.free(seq.blocks.pop())
+        seq.length = length
 
     def length(self, seq_id: Hashable) -> int:
         return self._get(seq_id).length
@@ -305,6 +314,11 @@ class PagedBatch:
         b, count, h_kv, p, d_head = blocks.shape
         rows = blocks.transpose(1, 2).reshape(b, h_kv, count * p, d_head)
         return rows[:, :, :m]                                  # (b, h_kv, m, d_head)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+               backend: str = "explicit") -> Tensor:
+        """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head)."""
+        return attend_after_update(self, layer, q, k, v, layout, backend)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
         for seq_id in self.seq_ids:

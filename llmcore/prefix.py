@@ -2,8 +2,13 @@
 
 When every sequence of a batch starts with the same tokens, their K and V rows are identical in
 every layer (causal attention: the prefix never sees what follows it). So they are computed once,
-with batch size 1, and each sequence's own tokens go into a cache of their own. At attention time
-each layer's keys are the shared rows followed by the sequence's own rows. Chapter 8.
+with batch size 1, and each sequence's own tokens go into a cache of their own.
+
+Attention then runs over two sets of keys: the shared rows and the sequence's own. Their scores
+are side by side in one row per query, so one softmax over both gives the same weights as over
+the concatenated keys; the output is the shared part's weighted values plus the own part's. The
+shared K and V are never copied per sequence, not even for a step: the queries of all b
+sequences are stacked as the rows of one matmul against them. Chapter 8.
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .attention import attention_scores, weighted_values
 from .kvcache import KVCache
 from .layout import Layout, contiguous_layout
+from .shapes import NEG_INF, causal_mask
+from .softmax import softmax
 
 
 class SharedPrefixCache:
@@ -68,16 +76,29 @@ class SharedPrefixCache:
         return contiguous_layout(b, n, past_slots=self.max_length, past_valid=past_valid,
                                  attention_mask=attention_mask, device=self.own.device)
 
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v: (b, h_kv, n, d_head) -> (b, h_kv, P + m_own, d_head): shared rows, then own.
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+               backend: str = "explicit") -> Tensor:
+        """Attention over the shared rows and each sequence's own rows, one softmax over both.
 
-        The concatenation is a working tensor for this layer's attention only; what the cache
-        holds is the prefix once and each sequence's own rows."""
-        own_k, own_v = self.own.update(layer, k, v)
+        q: (b, h, n, d_head)   new k, v: (b, h_kv, n, d_head)   ->   (b, h, n, d_head).
+        backend: the fused kernel takes one K per sequence, so this path is always explicit.
+        """
+        own_k, own_v = self.own.update(layer, k, v)            # (b, h_kv, m_own, d_head)
         p = self.prefix.length
-        shared_k = self.prefix.keys[layer][:, :, :p].expand(k.shape[0], -1, -1, -1)
-        shared_v = self.prefix.values[layer][:, :, :p].expand(k.shape[0], -1, -1, -1)
-        return torch.cat([shared_k, own_k], dim=2), torch.cat([shared_v, own_v], dim=2)
+        shared_k = self.prefix.keys[layer][0, :, :p]           # (h_kv, P, d_head), one copy
+        shared_v = self.prefix.values[layer][0, :, :p]
+        b, h, n, d_head = q.shape
+        rows = q.transpose(0, 1).reshape(h, b * n, d_head)     # every sequence's queries: rows
+        shared = attention_scores(rows, shared_k)              # (h, b n, P): one matmul
+        shared = shared.view(h, b, n, p).transpose(0, 1)       # (b, h, n, P)
+        scores = torch.cat([shared, attention_scores(q, own_k)], dim=-1)   # (b, h, n, P + m_own)
+        allowed = layout.mask if layout.mask is not None else \
+            causal_mask(n, scores.shape[-1], q.device)
+        weights = softmax(scores.masked_fill(~allowed, NEG_INF), dim=-1)
+        shared_weights = weights[..., :p].transpose(0, 1).reshape(h, b * n, p)
+        out_shared = weighted_values(shared_weights, shared_v)            # (h, b n, d_head)
+        out_shared = out_shared.view(h, b, n, d_head).transpose(0, 1)     # (b, h, n, d_head)
+        return out_shared + weighted_values(weights[..., p:], own_v)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
         self.own.commit(n, attention_mask)

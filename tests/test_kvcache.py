@@ -179,3 +179,16 @@ def test_cpu_and_cuda_caches_agree():
     got = list(decode_steps(gpu, ids.to(device), 8))
     for a, b in zip(want, got):
         torch.testing.assert_close(b.logits.cpu(), a.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_truncate_forgets_the_tail(tiny_model):
+    ids = prompt(tiny_model, b=1, n=9)
+    cache = KVCache.for_model(tiny_model, 1)
+    with torch.no_grad():
+        tiny_model(ids, cache)
+        cache.truncate(5)
+        again = tiny_model(ids[:, 5:], cache)
+        whole = tiny_model(ids)
+    torch.testing.assert_close(again, whole[:, 5:])
+    with pytest.raises(ValueError, match=r"truncate: length must lie in \[0, 9\], got 10"):
+        cache.truncate(10)

@@ -261,3 +261,22 @@ def test_paged_cache_follows_the_model_onto_meta():
     logits = model(torch.zeros(2, 1, dtype=torch.long, device="meta"), cache.batch([0, 1]))
     assert logits.device.type == "meta" and logits.shape == (2, 1, TINY_GQA.vocab_size)
     assert cache.length(0) == 6 and cache.length(1) == 3
+
+
+def test_truncate_returns_blocks_and_keeps_shared_ones_safe(tiny_gqa_model):
+    device = tiny_gqa_model.device
+    twin = Twin(tiny_gqa_model, block_size=4, num_blocks=16)
+    twin.add("a")
+    twin.run(["a"], tokens(1, 10, device=device))                  # 3 blocks
+    twin.fork("a", "b")
+    free = twin.paged.allocator.num_free
+    twin.paged.truncate("b", 6)                                    # b keeps 2 shared blocks
+    assert twin.paged.allocator.num_free == free                   # the third is still a's
+    assert twin.paged.block_table("b") == twin.paged.block_table("a")[:2]
+    twin.contiguous["b"].truncate(6)
+    twin.run(["b", "a"], tokens(2, 1, seed=4, device=device))      # b writes: copy on write
+    assert twin.paged.copy_on_write_count == 1
+    twin.paged.truncate("a", 0)
+    twin.paged.allocator.check()
+    with pytest.raises(ValueError, match="truncate: length must lie in"):
+        twin.paged.truncate("b", 99)

@@ -65,3 +65,20 @@ def test_prefix_and_suffix_share_max_seq_len(tiny_model):
     with pytest.raises(ValueError, match="max_seq_len"):
         with torch.no_grad():
             tiny_model(torch.zeros(1, 3, dtype=torch.long, device=tiny_model.device), shared)
+
+
+def test_a_decode_step_never_copies_the_prefix_per_sequence():
+    # one head of width 64, so a per-sequence copy of the prefix keys of one layer (b P d_head
+    # floats) dwarfs everything else a decode step allocates (scores are b P floats per head)
+    from llmcore import GPT, GPTConfig, peak_memory
+    model = GPT(GPTConfig(vocab_size=61, max_seq_len=64, d_model=64, n_heads=1, n_layers=1),
+                seed=0).eval()
+    b, prefix_length = 8, 48
+    shared = SharedPrefixCache.prefill(model, torch.zeros(1, prefix_length, dtype=torch.long),
+                                       batch_size=b)
+    step = torch.zeros(b, 1, dtype=torch.long)
+    with torch.no_grad():
+        model(step, shared)
+        peak = peak_memory(model, step, shared)
+    one_copy = b * prefix_length * 64 * 4
+    assert peak < one_copy, f"a decode step peaked at {peak} bytes; one copy is {one_copy}"

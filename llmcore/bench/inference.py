@@ -133,14 +133,14 @@ def paged_vs_contiguous(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
     got = model(step, paged.batch(list(range(b))))
     torch.testing.assert_close(got, want)
 
-    def contiguous_step():                # decode one token, then forget it (length restored)
+    def contiguous_step():                # decode one token, then forget it
         model(step, contiguous)
-        contiguous.length -= 1
+        contiguous.truncate(length)
 
     def paged_step():
         model(step, paged.batch(list(range(b))))
         for i in range(b):
-            paged.sequences[i].length -= 1
+            paged.truncate(i, length)
 
     t_contiguous = time_call(contiguous_step, repeats=7, min_seconds=0.05, statistic="min")
     t_paged = time_call(paged_step, repeats=7, min_seconds=0.05, statistic="min")
