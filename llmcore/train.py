@@ -232,7 +232,8 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     computes the mean next-byte loss, back-propagates, clips the gradient norm and takes an
     AdamW step at :func:`learning_rate`. Every eval_every steps, and after the last, scores
     eval_windows fixed validation windows. Returns the model (eval mode) and its history.
-    Chapter 5.
+    With one torch thread a run repeats bit for bit; with several, multithreaded sums may
+    differ in their last bits from run to run. Chapter 5.
     """
     from tqdm.auto import tqdm
 
@@ -436,11 +437,22 @@ def model_card(metrics: dict) -> str:
                   "machine needs.", ""]
     if t.get("note"):
         lines += [t["note"], ""]
+    defaults = asdict(TrainConfig())
+    if all(t[key] == value for key, value in defaults.items()):
+        how = "`python -m llmcore.train` (its defaults are these settings)"
+    else:
+        how = f"`{t['command']}`"
+    lines += [
+        f"Reproduce it with {how}. With one thread (`--threads 1`) a run repeats bit for",
+        "bit; with more, sums split across threads differ in their last bits from run to run,",
+        "these differences grow over thousands of steps, and a second run ends with other",
+        "weights whose validation loss is within a few percent of the one below.", ""]
     rerun = metrics.get("reproduction")       # a later run of the same settings, if recorded
     if rerun:
         change = rerun["bits_per_byte"] / metrics["validation"]["bits_per_byte"] - 1
         lines += [
-            f"A second run, `{rerun['command']}` on {rerun['date']} ({rerun['threads']} threads"
+            f"Measured: a second run, `{rerun['command']}` on {rerun['date']} "
+            f"({rerun['threads']} threads"
             + (f", OMP_WAIT_POLICY={rerun['omp_wait_policy']}" if rerun["omp_wait_policy"]
                else ", OpenMP's default spinning threads")
             + f"; load average {_numbers(rerun['loadavg_start'])} at the start, "
@@ -448,16 +460,7 @@ def model_card(metrics: dict) -> str:
             f"{rerun['wall_seconds'] / 60:.1f} min and took {rerun['total_wall_seconds'] / 60:.1f}"
             f" min in all; its validation loss was {rerun['bits_per_byte']:.3f} bits/byte "
             f"({change:+.1%} against the shipped weights).", ""]
-    defaults = asdict(TrainConfig())
-    if all(t[key] == value for key, value in defaults.items()):
-        how = "`python -m llmcore.train` (its defaults are these settings)"
-    else:
-        how = f"`{t['command']}`"
     lines += [
-        f"Reproduce it with {how}; the validation loss should come out within a few",
-        "percent of the one below (thread counts and math libraries change the last bits of",
-        "each step).",
-        "",
         "## Quality",
         "",
         "Cross-entropy of the next byte on the held-out files, in bits per byte (lower is",
@@ -700,8 +703,8 @@ def main(argv: list[str] | None = None) -> dict:
             "loadavg_start": list(history.loadavg_start), "loadavg_end": list(history.loadavg_end),
             "torch": torch.__version__.split("+")[0], "python": platform.python_version(),
             "note": args.note, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
-            "command": "python -m llmcore.train " + " ".join(sys.argv[1:] if argv is None
-                                                             else argv),
+            "command": " ".join(["python -m llmcore.train",
+                                 *(sys.argv[1:] if argv is None else argv)]),
         },
         "corpus": summary,
         "baselines": {"unigram_bits_per_byte": baselines["unigram"],
