@@ -68,7 +68,8 @@ bench: $(STAMP)
 lab: $(STAMP) $(LAB_SETTINGS)
 	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Train the shipped tiny model again from scratch (about 15 minutes on 2 CPU cores).
+# Train the shipped tiny model again from scratch (about 12 minutes on 2 idle CPU cores; on a
+# machine shared with other work, OMP_WAIT_POLICY=PASSIVE make train keeps the threads from spinning).
 train: $(STAMP)
 	$(BIN)/python -m llmcore.train
 

@@ -21,6 +21,7 @@ from .memory_probe import peak_memory
 from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
 from .parallel import shard_attention_weights, tensor_parallel_attention
 from .prefix import SharedPrefixCache
+from .pretrained import load_pretrained
 from .serving import Request, Scheduler, serve
 from .shapes import NEG_INF, causal_mask, merge_heads, split_heads
 from .softmax import softmax, softmax_loop
@@ -33,7 +34,7 @@ __all__ = [
     "Scheduler", "SharedPrefixCache", "generate_batch", "pad_batch", "serve", "NEG_INF", "attention", "attention_loop", "causal_mask",
     "decode_steps", "describe_machine", "dot_loop", "ffn", "ffn_loop", "fuse_qkv", "gelu",
     "generate", "kv_bytes_per_token", "layer_norm", "layer_norm_loop", "linear", "linear_loop",
-    "load_gpt2", "matmul", "matmul_loop", "merge_heads", "multihead_attention",
+    "load_gpt2", "load_pretrained", "matmul", "matmul_loop", "merge_heads", "multihead_attention",
     "multihead_attention_loop", "multihead_attention_qkv", "pick_device", "qkv_projection",
     "online_softmax", "online_softmax_loop", "peak_memory", "sample", "save_gpt2",
     "shard_attention_weights", "softmax", "softmax_loop", "split_heads", "tensor_parallel_attention",

@@ -101,12 +101,20 @@ def check_same_dtype(**tensors: Tensor | None) -> torch.dtype:
 
 
 def check_operands(**tensors: Tensor | None) -> None:
-    """Type, dtype and device checks shared by every matrix-form op (names appear in errors)."""
+    """Type, dtype and device checks shared by every matrix-form op (names appear in errors).
+
+    Under ``torch.autocast`` for the tensors' device, mixed floating dtypes are what autocast
+    asks for (it casts each op's inputs), so only the floating-point check remains."""
     for name, t in tensors.items():
         if t is not None:
             check_tensor(name, t)
+    device = check_same_device(**tensors)
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        for name, t in tensors.items():
+            if t is not None and not t.dtype.is_floating_point:
+                raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+        return
     check_same_dtype(**tensors)
-    check_same_device(**tensors)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
