@@ -93,8 +93,8 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: b
         raise ValueError("a cache was given with use_cache=False")
     ids, mask = prompt_ids, attention_mask
     new = ids                                        # what the model has not seen yet
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
+    for _ in range(max_new_tokens):
+        with torch.no_grad():      # closed before each yield: the caller's grad mode is its own
             if use_cache:
                 logits = model(new, cache, attention_mask=mask if new is prompt_ids else None,
                                backend=backend, last_only=True)
@@ -102,12 +102,12 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: b
                 logits = model(ids, attention_mask=mask, backend=backend, last_only=True)
             last = logits[:, -1]                                             # (b, v)
             token = sample(last, temperature=temperature, top_k=top_k, generator=generator)
-            yield DecodeStep(last, token)
-            new = token[:, None]                                             # (b, 1)
-            if not use_cache:
-                ids = torch.cat([ids, new], dim=1)
-                if mask is not None:
-                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        yield DecodeStep(last, token)
+        new = token[:, None]                                                 # (b, 1)
+        if not use_cache:
+            ids = torch.cat([ids, new], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
 
 
 def generate(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,

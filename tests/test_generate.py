@@ -9,7 +9,7 @@ import torch
 
 from conftest import TINY, TINY_GQA
 from llmcore import decode_steps, generate, sample
-from llmcore.model import GPT
+from llmcore.model import GPT, GPTConfig
 from llmcore.softmax import softmax
 from test_model import randomize
 
@@ -213,3 +213,12 @@ def test_generate_refuses_bad_prompts(model):
 def test_generate_names_a_non_tensor_prompt(model):
     with pytest.raises(TypeError, match="prompt_ids: expected a torch.Tensor, got list"):
         generate(model, [[1, 2]], 2, use_cache=False)
+
+
+def test_stopping_generation_early_leaves_grad_mode_alone():
+    model = GPT(GPTConfig(vocab_size=11, max_seq_len=16, d_model=8, n_heads=2, n_layers=1))
+    steps = decode_steps(model, torch.zeros(1, 2, dtype=torch.long), 5)
+    next(steps)                                   # suspended mid-generation, like a break
+    assert torch.is_grad_enabled()
+    generate(model, torch.zeros(1, 2, dtype=torch.long), 5, eos_id=0)
+    assert torch.is_grad_enabled()
