@@ -104,13 +104,18 @@ def read_config(path: str | Path) -> GPTConfig:
     if not file.is_file():
         raise FileNotFoundError(f"no {CONFIG_FILE} in {path} (expected a GPT-2 checkpoint "
                                 f"directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
+    return config_from_gpt2(read_json_object(file), str(file))
+
+
+def read_json_object(file: Path) -> dict:
+    """A JSON file that must hold one object; a clear ValueError naming the file otherwise."""
     try:
         fields = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{file}: not valid JSON ({err})") from None
     if not isinstance(fields, dict):
         raise ValueError(f"{file}: expected a JSON object, got {type(fields).__name__}")
-    return config_from_gpt2(fields, str(file))
+    return fields
 
 
 def read_tensors(path: str | Path, device=None) -> dict[str, torch.Tensor]:

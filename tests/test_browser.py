@@ -22,7 +22,6 @@ from typing import Iterator
 
 import pytest
 
-import book_site
 from book_site import HTML_DIR, SCREENSHOT_DIR, build_book, html_of, read_page, toc_pages
 
 pytestmark = pytest.mark.slow

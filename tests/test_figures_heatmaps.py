@@ -107,7 +107,7 @@ def test_bad_weights_are_refused(bad, error, match):
 
 def test_bad_options_are_refused(rng):
     weights = causal_weights(rng, 2, 3, 3)
-    with pytest.raises(ValueError, match="labels: expected one per key, 3, got 2"):
+    with pytest.raises(ValueError, match=r"labels: expected 3 labels \(one per key\), got 2"):
         plot_attention(weights, ["a", "b"])
     with pytest.raises(ValueError, match=r"heads: expected indices in \[0, 2\)"):
         plot_attention(weights, heads=[2])

@@ -25,6 +25,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
+from .common import as_float_array, check_labels
+
 MAX_TOKENS = 96
 """The most queries or keys a heatmap may have and still show one tick label per token."""
 
@@ -58,15 +60,7 @@ def check_weights(name: str, weights: object) -> np.ndarray:
     than :data:`MAX_TOKENS` queries or keys, more queries than keys, or entries outside [0, 1]
     (these are softmax outputs: scores, with their -inf, are not), naming ``name``.
     """
-    if isinstance(weights, torch.Tensor):
-        if weights.device.type == "meta":
-            raise ValueError(f"{name}: a tensor on the meta device has no values to draw")
-        weights = weights.detach().cpu().double().numpy()
-    try:
-        array = np.asarray(weights, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a tensor or array of attention weights, got "
-                        f"{type(weights).__name__}") from None
+    array = as_float_array(name, weights, "attention weights")
     if array.ndim == 2:
         array = array[None]
     if array.ndim != 3:
@@ -87,17 +81,6 @@ def check_weights(name: str, weights: object) -> np.ndarray:
                          f"{np.nanmin(array):.3g} to {np.nanmax(array):.3g}"
                          f"{' (with non-finite entries)' if not np.isfinite(array).all() else ''}")
     return array
-
-
-def _check_labels(labels: Sequence[str] | None, m: int) -> list[str] | None:
-    if labels is None:
-        return None
-    if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise TypeError(f"labels: expected a sequence of {m} str (one per key), got "
-                        f"{type(labels).__name__}")
-    if len(labels) != m:
-        raise ValueError(f"labels: expected one per key, {m}, got {len(labels)}")
-    return [str(label) for label in labels]
 
 
 def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None = None,
@@ -156,7 +139,7 @@ def plot_attention(weights: object, labels: Sequence[str] | None = None, *,
     """
     array = check_weights("weights", weights)
     h, n, m = array.shape
-    labels = _check_labels(labels, m)
+    labels = check_labels("labels", labels, m, "one per key")
     if heads is None:
         heads = list(range(h))
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Sequence) or not heads:

@@ -28,6 +28,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from .common import check_labels
+
 ALLOWED_COLOR = "#3b75af"
 """A cell where the query may attend to the key."""
 
@@ -82,17 +84,6 @@ def check_mask(name: str, mask: object) -> np.ndarray:
     return array
 
 
-def _labels(name: str, labels: Sequence[str] | None, size: int) -> list[str] | None:
-    if labels is None:
-        return None
-    if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise TypeError(f"{name}: expected a sequence of {size} strings, got "
-                        f"{type(labels).__name__}")
-    if len(labels) != size:
-        raise ValueError(f"{name}: expected {size} labels, got {len(labels)}")
-    return [str(label) for label in labels]
-
-
 def _per_sequence(name: str, values: Sequence | None, b: int) -> list:
     """One entry per sequence (or b Nones)."""
     if values is None:
@@ -141,8 +132,8 @@ def draw_mask(ax: Axes, mask: object, *, padding: object = None,
     if pad.shape != (m,):
         raise ValueError(f"padding: expected shape ({m},), one flag per key slot, got "
                          f"{pad.shape}")
-    row_labels = _labels("row_labels", row_labels, n)
-    col_labels = _labels("col_labels", col_labels, m)
+    row_labels = check_labels("row_labels", row_labels, n)
+    col_labels = check_labels("col_labels", col_labels, m)
     palette = np.array([to_rgb(c) for c in (FUTURE_COLOR, PADDING_COLOR, ALLOWED_COLOR)])
     kind = np.where(array, 2, np.where(pad[None, :], 1, 0))           # (n, m): index into palette
     ax.imshow(palette[kind], extent=(0, m, n, 0), interpolation="nearest")   # one image: fast
@@ -235,7 +226,7 @@ def plot_padded_batch(labels: Sequence[Sequence[str]], attention_mask: object,
     b, n = valid.shape
     if n > MAX_SIDE:
         raise ValueError(f"attention_mask: at most {MAX_SIDE} slots can be drawn, got n = {n}")
-    rows = [_labels(f"labels[{s}]", row, n) for s, row in enumerate(_per_sequence("labels",
+    rows = [check_labels(f"labels[{s}]", row, n) for s, row in enumerate(_per_sequence("labels",
                                                                                   labels, b))]
     if positions is not None:
         if isinstance(positions, torch.Tensor):

@@ -22,11 +22,12 @@ from typing import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+
+from .common import as_float_array, check_labels
 
 HEAD_COLORS = ("#3b75af", "#e1812c", "#3a923a", "#c03d3e", "#8d69b8", "#84584e", "#d684bd",
                "#7f7f7f")
@@ -50,15 +51,7 @@ def as_matrix(name: str, values: object) -> np.ndarray:
     Raises TypeError for non-numbers and ValueError for more than 2 dimensions, an empty matrix,
     more than :data:`MAX_SIDE` rows or columns, NaN or +inf, naming ``name``.
     """
-    if isinstance(values, torch.Tensor):
-        if values.device.type == "meta":
-            raise ValueError(f"{name}: a tensor on the meta device has no values to draw")
-        values = values.detach().cpu().double().numpy()
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a tensor, array or nested list of numbers, got "
-                        f"{type(values).__name__}") from None
+    array = as_float_array(name, values, "numbers")
     if array.ndim == 1:
         array = array[None, :]                                        # a bias: one row
     if array.ndim != 2:
@@ -132,17 +125,6 @@ def _without_negative_zero(text: str) -> str:
         return text
 
 
-def _labels(name: str, labels: Sequence[str] | None, size: int) -> list[str] | None:
-    if labels is None:
-        return None
-    if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise TypeError(f"{name}: expected a sequence of {size} strings, got "
-                        f"{type(labels).__name__}")
-    if len(labels) != size:
-        raise ValueError(f"{name}: expected {size} labels, got {len(labels)}")
-    return [str(label) for label in labels]
-
-
 def label_margin(row_labels: Sequence[str] | None) -> float:
     """Width (in cells) left of the grid that the row labels need."""
     return 0.0 if not row_labels else 0.25 + 0.2 * max(len(label) for label in row_labels)
@@ -173,8 +155,8 @@ def draw_matrix(ax: Axes, values: object, *, title: str | None = None, fmt: Form
     used = max((cols or []) + (rows or []), default=-1)
     if used >= len(colors):
         raise ValueError(f"colors: {used + 1} groups need {used + 1} colours, got {len(colors)}")
-    row_labels = _labels("row_labels", row_labels, r)
-    col_labels = _labels("col_labels", col_labels, c)
+    row_labels = check_labels("row_labels", row_labels, r)
+    col_labels = check_labels("col_labels", col_labels, c)
     write = formatter(fmt, array)
     finite = np.abs(array[np.isfinite(array)])
     scale = finite.max() if finite.size and finite.max() > 0 else 1.0

@@ -31,8 +31,9 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.figure import Figure
+
+from .common import as_float_array
 
 SUM_TOLERANCE = 1e-3
 """How far from 1 a distribution's sum may be (float32 softmax outputs are not exact)."""
@@ -57,15 +58,7 @@ def check_distribution(name: str, probabilities: object) -> np.ndarray:
     non-numbers and ValueError for another shape, fewer than 2 tokens, a NaN, a negative entry or
     a sum away from 1, naming ``name``. Chapter 6.
     """
-    if isinstance(probabilities, torch.Tensor):
-        if probabilities.device.type == "meta":
-            raise ValueError(f"{name}: a tensor on the meta device has no values to draw")
-        probabilities = probabilities.detach().cpu().double().numpy()
-    try:
-        array = np.asarray(probabilities, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a tensor, array or sequence of probabilities, got "
-                        f"{type(probabilities).__name__}") from None
+    array = as_float_array(name, probabilities, "probabilities")
     if array.ndim == 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 1 or array.shape[0] < 2:

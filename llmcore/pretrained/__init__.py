@@ -18,14 +18,13 @@ Chapter 5.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_gpt2
+from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_gpt2, read_json_object
 from ..model import GPT
 from ..tokenizer import ByteTokenizer
 
@@ -74,13 +73,7 @@ def pretrained_info(name: str | os.PathLike = DEFAULT_MODEL) -> dict:
     file = pretrained_dir(name) / METRICS_FILE
     if not file.is_file():
         return {}
-    try:
-        info = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file}: not valid JSON ({err})") from None
-    if not isinstance(info, dict):
-        raise ValueError(f"{file}: expected a JSON object, got {type(info).__name__}")
-    return info
+    return read_json_object(file)
 
 
 def load_tokenizer(name: str | os.PathLike = DEFAULT_MODEL) -> ByteTokenizer:

@@ -1,0 +1,38 @@
+"""Input checks shared by the figure modules: numbers to draw, and labels to write."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def as_float_array(name: str, values: object, what: str = "numbers") -> np.ndarray:
+    """A tensor (on any device but meta), array or nested list -> a float64 NumPy array.
+
+    Raises ValueError for a meta tensor (it has no values) and TypeError for anything that is
+    not numbers, naming ``name`` and saying what was expected (``what``)."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type == "meta":
+            raise ValueError(f"{name}: a tensor on the meta device has no values to draw")
+        values = values.detach().cpu().double().numpy()
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a tensor, array or sequence of {what}, got "
+                        f"{type(values).__name__}") from None
+
+
+def check_labels(name: str, labels: Sequence[str] | None, size: int,
+                 per: str = "") -> list[str] | None:
+    """``size`` labels as strings, or None; ``per`` says what each labels (e.g. "one per key")."""
+    if labels is None:
+        return None
+    detail = f" ({per})" if per else ""
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        raise TypeError(f"{name}: expected a sequence of {size} strings{detail}, got "
+                        f"{type(labels).__name__}")
+    if len(labels) != size:
+        raise ValueError(f"{name}: expected {size} labels{detail}, got {len(labels)}")
+    return [str(label) for label in labels]
