@@ -97,7 +97,7 @@ def test_token_labels():
     (torch.ones(3) / 3, ValueError, "expected \\(n, m\\) or \\(h, n, m\\)"),
     (torch.ones(4, 2) / 2, ValueError, "expected m >= n"),
     (torch.ones(MAX_TOKENS + 1, MAX_TOKENS + 1) / 2, ValueError, "use a shorter text"),
-    ("weights", TypeError, "expected a tensor or array"),
+    ("weights", TypeError, "expected a tensor, array or sequence of attention weights"),
     (torch.ones(2, 2, device="meta"), ValueError, "meta"),
 ])
 def test_bad_weights_are_refused(bad, error, match):
