@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .shapes import NEG_INF, causal_mask, check_operands, check_shape, check_tensor
+from .shapes import causal_mask, check_operands, check_shape, check_tensor, mask_bias
 from .softmax import softmax
 
 BACKENDS = ("explicit", "fused")
@@ -101,11 +101,12 @@ def attention_scores(q: Tensor, k: Tensor) -> Tensor:
     is read once, never repeated per query head. Chapter 3 (grouped heads: Chapter 4).
     """
     d_head = q.shape[-1]
+    q = q / math.sqrt(d_head)      # the same as dividing the scores: n d_head divisions, not n m
     if q.dim() < 3 or q.shape[-3] == k.shape[-3]:
-        return q @ k.transpose(-2, -1) / math.sqrt(d_head)                  # (..., n, m)
+        return q @ k.transpose(-2, -1)                                      # (..., n, m)
     *lead, h, n, _ = q.shape
     rows = q.reshape(*lead, k.shape[-3], h // k.shape[-3] * n, d_head)      # (..., h_kv, g n, d_head)
-    scores = rows @ k.transpose(-2, -1) / math.sqrt(d_head)                 # (..., h_kv, g n, m)
+    scores = rows @ k.transpose(-2, -1)                                     # (..., h_kv, g n, m)
     return scores.view(*lead, h, n, k.shape[-2])                            # (..., h, n, m)
 
 
@@ -139,7 +140,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         # the kernel's own causal rule is top-left aligned, which is the same when n == m,
         # and it never builds an (n, m) mask
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
-    allowed = causal_mask(n, m, q.device) if causal else None
+    # one new query (a decode step) sits after every key: the causal mask would be all True
+    allowed = causal_mask(n, m, q.device) if causal and n > 1 else None
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     if backend == "fused":
@@ -149,5 +151,5 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         return out
     scores = attention_scores(q, k)                                      # (..., h, n, m)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, NEG_INF)
+        scores = scores + mask_bias(allowed, scores.dtype)               # + M: 0 or -inf
     return weighted_values(softmax(scores, dim=-1), v)                   # (..., h, n, d_head)

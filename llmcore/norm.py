@@ -46,6 +46,5 @@ def layer_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> 
     x: (..., d)   scale, shift: (d,)   ->   (..., d). Chapter 5.
     """
     _check_norm(x, scale, shift)
-    mean = x.mean(dim=-1, keepdim=True)                           # (..., 1)
-    var = x.var(dim=-1, keepdim=True, unbiased=False)             # (..., 1)
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, unbiased=False)   # (..., 1) each
     return scale * (x - mean) / torch.sqrt(var + eps) + shift

@@ -105,6 +105,12 @@ def check_operands(**tensors: Tensor | None) -> None:
 
     Under ``torch.autocast`` for the tensors' device, mixed floating dtypes are what autocast
     asks for (it casts each op's inputs), so only the floating-point check remains."""
+    present = [t for t in tensors.values() if t is not None]
+    first = present[0] if present else None
+    if first is not None and isinstance(first, Tensor) and first.dtype.is_floating_point and all(
+            isinstance(t, Tensor) and t.dtype == first.dtype and t.device == first.device
+            for t in present):
+        return                         # the common case, checked cheaply: nothing to report
     for name, t in tensors.items():
         if t is not None:
             check_tensor(name, t)
@@ -137,6 +143,17 @@ def merge_heads(x: Tensor) -> Tensor:
     """
     *lead, h, n, d_head = x.shape
     return x.transpose(-3, -2).reshape(*lead, n, h * d_head)           # (..., n, d)
+
+
+def mask_bias(allowed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The additive mask M of softmax(scores + M): 0 where ``allowed``, -inf elsewhere.
+
+    allowed: bool, any shape -> a float tensor of that shape, on its device. Adding M is one
+    pass over the scores (masked_fill with a broadcast bool mask is several times slower on the
+    CPU), and exp(-inf) = 0 gives the blocked keys exactly zero weight. Chapter 3.
+    """
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, NEG_INF)
 
 
 def causal_mask(n: int, m: int, device: torch.device | str | None = None) -> Tensor:

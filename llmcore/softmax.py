@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .shapes import NEG_INF, check_tensor
+from .shapes import check_tensor
 
 
 def softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
@@ -44,10 +44,14 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     """
     check_tensor("x", x)
     top = x.detach().amax(dim=dim, keepdim=True)          # the shift needs no gradient
-    top = top.masked_fill(top == NEG_INF, 0.0)            # all -inf row: shift by 0 instead
-    exps = torch.exp(x - top)                             # every exponent <= 0: no overflow
-    total = exps.sum(dim=dim, keepdim=True)               # >= 1 wherever the row has a finite max
-    return exps / total.clamp(min=1.0)                    # all -inf row: 0 / 1 = 0, not NaN
+    top = top.clamp(min=torch.finfo(x.dtype).min)         # all -inf row: a finite shift instead
+    exps = (x - top).exp_()                               # every exponent <= 0: no overflow
+    # A row with a finite maximum sums to at least 1 (its maximum gives exp(0) = 1); an all -inf
+    # row sums to 0, and dividing it by 1 instead leaves zeros, not 0 / 0 = NaN.
+    total = exps.sum(dim=dim, keepdim=True).clamp(min=1.0)
+    if exps.requires_grad:
+        return exps / total           # autograd keeps exps for the backward pass: a new tensor
+    return exps.div_(total)           # inference: divide in place, no second (..., m) buffer
 
 
 def softmax_naive(x: Tensor, dim: int = -1) -> Tensor:
