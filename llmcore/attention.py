@@ -151,5 +151,5 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         return out
     scores = attention_scores(q, k)                                      # (..., h, n, m)
     if allowed is not None:
-        scores = scores + mask_bias(allowed, scores.dtype)               # + M: 0 or -inf
-    return weighted_values(softmax(scores, dim=-1), v)                   # (..., h, n, d_head)
+        scores += mask_bias(allowed, scores.dtype)                       # + M: 0 or -inf
+    return weighted_values(softmax(scores, dim=-1, inplace=True), v)     # (..., h, n, d_head)

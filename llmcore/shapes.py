@@ -169,6 +169,5 @@ def causal_mask(n: int, m: int, device: torch.device | str | None = None) -> Ten
     if n > m:
         raise ValueError(f"causal_mask: n = {n} queries but only m = {m} keys; expected m >= n "
                          "(each query is one of the last n keys)")
-    rows = torch.arange(n, device=device).unsqueeze(-1)     # (n, 1)
-    cols = torch.arange(m, device=device)                   # (m,)
-    return cols <= rows + (m - n)                           # (n, m)
+    # the lower triangle, its diagonal shifted right by m - n: keeps j - i <= m - n
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril_(m - n)   # (n, m)

@@ -36,8 +36,9 @@ FORMS = [
 RATIOS = [
     "projection, torch matrix vs pure Python",
     "projection, torch matrix vs linear_loop",
-    "attention, torch matrix vs pure Python",
-    "attention, torch matrix vs attention_loop",
+    "attention without a mask, torch matrix vs pure Python",
+    "causal attention, torch matrix vs pure Python",
+    "causal attention, torch matrix vs attention_loop",
     "attention, explicit time / fused time",
 ]
 ROW = re.compile(r"^  (?P<label>.+?)\s+(?P<dtype>float32|float64)\s+(?P<time>[\d.e+-]+ (?:s|ms|us|ns))"
@@ -68,7 +69,7 @@ def test_report_has_a_row_for_every_form_with_numbers(report):
     labels = [r["label"] for r in rows]
     for form in FORMS:
         assert form in labels, form
-    assert labels.count("torch matrices, explicit (attention)") == 2      # small and large attention
+    assert labels.count("torch matrices, explicit (attention)") == 3      # no mask, causal, large
     for r in rows:
         assert float(r["rate"]) > 0 and float(r["pct"]) > 0
         assert float(r["diff"]) < 1e-4, r["label"]      # every form computed the same numbers
@@ -79,9 +80,12 @@ def test_report_gives_each_ratio_as_a_number_and_each_expectation_a_verdict(repo
     assert sorted(ratios) == sorted(RATIOS)
     for m in ratios.values():
         assert float(m["value"]) > 0
-    assert ratios["attention, torch matrix vs pure Python"]["bound"] == ">= 300x"
+    checked = ("attention without a mask, torch matrix vs pure Python",
+               "causal attention, torch matrix vs pure Python")
+    for label in checked:
+        assert ratios[label]["bound"] == ">= 300x"
     assert ratios["attention, explicit time / fused time"]["bound"] == "<= 2x"
-    for label in ("attention, torch matrix vs pure Python", "attention, explicit time / fused time"):
+    for label in (*checked, "attention, explicit time / fused time"):
         assert ratios[label]["verdict"].startswith("not checked")     # --quick sizes are tiny
 
 

@@ -109,3 +109,24 @@ def test_ladder_on_random_shapes_and_masks(shape, scale, masked, seed, data):
     alive = (x > -INF).any(dim=dim)
     testing.assert_close(sums, alive.double(), **F64)         # 1 per row, 0 where all masked
     assert not math.isnan(sums.sum().item())
+
+
+def test_inplace_overwrites_its_input_and_equals_the_new_tensor_form(rng):
+    x = testing.randn(rng, 2, 3, 5, 7, dtype=torch.float64) * 3
+    x[0, 1, 2] = -INF                                         # a fully masked row too
+    keep = x.clone()
+    want = softmax(x, dim=-1)
+    assert torch.equal(x, keep)                               # the default leaves x alone
+    got = softmax(x, dim=-1, inplace=True)
+    assert got.data_ptr() == x.data_ptr()                     # no new (..., m) buffer
+    testing.assert_close(got, want, **F64)
+    testing.assert_close(x, want, **F64)
+
+
+def test_inplace_on_a_computed_tensor_keeps_the_gradient_right(rng):
+    a = testing.randn(rng, 4, 6, dtype=torch.float64).requires_grad_()
+    b = a.detach().clone().requires_grad_()
+    weights = torch.arange(24, dtype=torch.float64).view(4, 6)
+    (softmax(a * 2.0, inplace=True) * weights).sum().backward()   # a * 2.0: a buffer we own
+    (F.softmax(b * 2.0, dim=-1) * weights).sum().backward()
+    testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)

@@ -5,8 +5,9 @@ one's largest difference from the NumPy float64 reference), so the times compare
 
 * projection ``x @ w``, x: (n, d), w: (d, d): pure-Python triple loop, torch one entry at a time
   (``matmul_loop``), one token at a time (``linear_loop``), NumPy, torch ``linear``;
-* causal attention, q, k, v: (n, d_head), one head: pure Python, ``attention_loop``, NumPy
-  (``reference.attention``), torch ``attention`` explicit and fused;
+* attention of one head, q, k, v: (n, d_head), once without a mask (the plain formula) and once
+  causal: pure Python, ``attention_loop``, NumPy (``reference.attention``), torch ``attention``
+  explicit and fused;
 * a larger attention, (b, h, n, d_head) = (1, 12, 512, 64) as in one GPT-2 small layer: NumPy,
   torch explicit and fused.
 
@@ -62,7 +63,8 @@ measures them, not the code (Python's timeit gives the same advice)."""
 
 MATRIX_VS_PYTHON_AT_LEAST = 300.0
 """Expected on a 2-core machine: matrix attention >= 300x faster than pure-Python loops at
-n = 64, d = 64."""
+n = 64, d = 64. Checked with and without the causal mask: the pure-Python loop skips the masked
+half of the work, the matrix form computes it and throws it away, so causal is the harder case."""
 
 EXPLICIT_VS_FUSED_AT_MOST = 2.0
 """Expected: explicit torch attention takes at most 2x the fused kernel's time at n = 512."""
@@ -149,22 +151,24 @@ def projection_rows(sizes: Sizes, device: torch.device, rng: np.random.Generator
     ]
 
 
-def attention_inputs(shape: tuple[int, ...], device: torch.device, rng: np.random.Generator):
+def attention_inputs(shape: tuple[int, ...], device: torch.device, rng: np.random.Generator, *,
+                     causal: bool = True):
     """q, k, v as float64 arrays and as float32 tensors on ``device``, and the reference output."""
     arrays = [rng.standard_normal(shape) for _ in range(3)]
-    want = reference.attention(*arrays, causal=True)
+    want = reference.attention(*arrays, causal=causal)
     tensors = tuple(torch.from_numpy(a).to(device, torch.float32) for a in arrays)
     return arrays, tensors, want
 
 
-def small_attention_rows(sizes: Sizes, device: torch.device, rng: np.random.Generator) -> list[Row]:
-    """Causal attention of one head, q, k, v: (n, d_head) with d_head = d, every form."""
+def small_attention_rows(sizes: Sizes, device: torch.device, rng: np.random.Generator, *,
+                         causal: bool) -> list[Row]:
+    """Attention of one head, q, k, v: (n, d_head) with d_head = d, causal or not, every form."""
     n, d_head = sizes.n, sizes.d
-    arrays, tensors, want = attention_inputs((n, d_head), device, rng)
-    flops = attention_flops(n, n, d_head, causal=True)
+    arrays, tensors, want = attention_inputs((n, d_head), device, rng, causal=causal)
+    flops = attention_flops(n, n, d_head, causal=causal)
     slow = dict(repeats=sizes.slow_repeats, min_seconds=sizes.min_seconds)
     fast = dict(repeats=sizes.repeats, min_seconds=sizes.min_seconds)
-    causal = {"causal": True}
+    causal = {"causal": causal}
     return [
         measure_row("pure Python, loops over lists (attention_scalar)", "float64",
                     attention_scalar, tuple(a.tolist() for a in arrays), flops, want,
@@ -216,7 +220,10 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
     n, d = sizes.n, sizes.d
     projection = projection_rows(sizes, device, rng)
     write_table(out, f"projection x @ w, x: (n={n}, d={d}), w: ({d}, {d})", projection, peak)
-    small = small_attention_rows(sizes, device, rng)
+    plain = small_attention_rows(sizes, device, rng, causal=False)
+    write_table(out, f"attention without a mask, one head, q, k, v: (n={n}, d_head={d})", plain,
+                peak)
+    small = small_attention_rows(sizes, device, rng, causal=True)
     write_table(out, f"causal attention, one head, q, k, v: (n={n}, d_head={d})", small, peak)
     b, h, big_n, d_head = sizes.big_b, sizes.big_heads, sizes.big_n, sizes.big_d_head
     big = big_attention_rows(sizes, device, rng)
@@ -224,6 +231,7 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
                 big, peak)
 
     py_proj, _, per_token, *_, torch_proj = projection
+    plain_py, _, _, plain_explicit, _ = plain
     py_attn, loop_attn, _, explicit, _ = small
     _, big_explicit, big_fused = big
     out.write("\n")
@@ -231,10 +239,13 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
                 py_proj.seconds / torch_proj.seconds)
     write_ratio(out, f"projection, torch matrix vs linear_loop (n={n}, d={d})",
                 per_token.seconds / torch_proj.seconds)
-    write_ratio(out, f"attention, torch matrix vs pure Python (n={n}, d={d})",
+    write_ratio(out, f"attention without a mask, torch matrix vs pure Python (n={n}, d={d})",
+                plain_py.seconds / plain_explicit.seconds, at_least=MATRIX_VS_PYTHON_AT_LEAST,
+                checked=not quick)
+    write_ratio(out, f"causal attention, torch matrix vs pure Python (n={n}, d={d})",
                 py_attn.seconds / explicit.seconds, at_least=MATRIX_VS_PYTHON_AT_LEAST,
                 checked=not quick)
-    write_ratio(out, f"attention, torch matrix vs attention_loop (n={n}, d={d})",
+    write_ratio(out, f"causal attention, torch matrix vs attention_loop (n={n}, d={d})",
                 loop_attn.seconds / explicit.seconds)
     write_ratio(out, f"attention, explicit time / fused time (n={big_n})",
                 big_explicit.seconds / big_fused.seconds, at_most=EXPLICIT_VS_FUSED_AT_MOST,
