@@ -447,11 +447,11 @@ def model_card(metrics: dict) -> str:
         "bit; with more, sums split across threads differ in their last bits from run to run,",
         "these differences grow over thousands of steps, and a second run ends with other",
         "weights whose validation loss is within a few percent of the one below.", ""]
-    rerun = metrics.get("reproduction")       # a later run of the same settings, if recorded
-    if rerun:
+    reruns = metrics.get("reproductions", [])  # later runs of the same settings, if recorded
+    for number, rerun in enumerate(reruns, start=2):
         change = rerun["bits_per_byte"] / metrics["validation"]["bits_per_byte"] - 1
         lines += [
-            f"Measured: a second run, `{rerun['command']}` on {rerun['date']} "
+            f"Measured: run {number}, `{rerun['command']}` on {rerun['date']} "
             f"({rerun['threads']} threads"
             + (f", OMP_WAIT_POLICY={rerun['omp_wait_policy']}" if rerun["omp_wait_policy"]
                else ", OpenMP's default spinning threads")

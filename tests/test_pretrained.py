@@ -21,7 +21,7 @@ from llmcore.model import GPT
 from llmcore.pretrained import (DEFAULT_MODEL, available, load_pretrained, load_tokenizer,
                                 pretrained_dir, pretrained_info)
 from llmcore.tokenizer import ByteTokenizer, decode, encode_tensor
-from llmcore.train import evaluate_bits_per_byte, evaluation_windows
+from llmcore.train import evaluate_bits_per_byte, evaluation_windows, model_card
 
 MAX_WEIGHTS_BYTES = 8 * 10 ** 6
 
@@ -188,3 +188,14 @@ def test_it_loads_in_another_dtype_and_verify_can_be_skipped(model):
     torch.testing.assert_close(double(tokens).float(), model(tokens), rtol=1e-4, atol=1e-4)
     plain = load_gpt2(pretrained_dir())                 # the file itself, as stored
     assert plain.dtype == getattr(torch, pretrained_info()["weights_dtype"])
+
+
+def test_its_model_card_is_written_from_its_metrics(info):
+    """The card's figures are the recorded ones (edit metrics.json, never the card by hand)."""
+    card = (pretrained_dir() / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert card == model_card(info)
+    for number, rerun in enumerate(info.get("reproductions", []), start=2):
+        assert f"Measured: run {number}, `{rerun['command']}`" in card
+        # "reproduce the shipped checkpoint's validation loss within a few percent"
+        assert rerun["bits_per_byte"] == pytest.approx(info["validation"]["bits_per_byte"],
+                                                       rel=0.05)
