@@ -46,13 +46,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask), else all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def load_average() -> tuple[float, ...]:
+    """The 1, 5 and 15 minute load averages, rounded to 0.01; () where the system keeps none."""
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except (OSError, AttributeError):
+        return ()
+
+
 def describe_machine(device: torch.device | str | None = None) -> str:
     """One line naming the hardware a timing ran on, for the book to print beside its figures.
 
     Example: ``"CPU: Intel(R) Xeon(R) ... (2 cores visible, torch uses 2 threads); torch 2.13.0"``.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = f"CPU: {cpu_name()} ({cores} cores visible, torch uses {torch.get_num_threads()} threads)"
+    text = f"CPU: {cpu_name()} ({usable_cores()} cores visible, torch uses {torch.get_num_threads()} threads)"
     device = torch.device(device) if device is not None else None
     if device is not None and device.type == "cuda":
         text += f"; GPU: {torch.cuda.get_device_name(device)}"

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .checkpoint import WEIGHTS_FILE, load_gpt2, save_gpt2
 from .corpus import Corpus, bits_per_byte, load_corpus, ngram_bits_per_byte
-from .device import describe_machine
+from .device import describe_machine, load_average, usable_cores
 from .generate import generate
 from .model import GPT, GPTConfig
 from .pretrained import DEFAULT_MODEL, METRICS_FILE
@@ -244,7 +244,7 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     optimizer = _optimizer(model, config)
     generator = torch.Generator().manual_seed(config.seed)
     probe = spread(evaluation_windows(validation_tokens, config.max_seq_len), config.eval_windows)
-    history = TrainHistory(loadavg_start=_loadavg())
+    history = TrainHistory(loadavg_start=load_average())
     recent: list[float] = []                              # the last RUNNING_STEPS losses
     wall, cpu = time.perf_counter(), time.process_time()
     bar = tqdm(range(config.steps), desc="training", unit="step", disable=not progress,
@@ -278,15 +278,8 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     bar.close()
     history.wall_seconds = time.perf_counter() - wall
     history.cpu_seconds = time.process_time() - cpu
-    history.loadavg_end = _loadavg()
+    history.loadavg_end = load_average()
     return model.eval(), history
-
-
-def _loadavg() -> tuple[float, ...]:
-    try:
-        return tuple(round(x, 2) for x in os.getloadavg())
-    except (OSError, AttributeError):                   # not available on every platform
-        return ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,19 +375,19 @@ def model_card(metrics: dict) -> str:
         "",
         "```python",
         "from llmcore.pretrained import load_pretrained, load_tokenizer",
-        f"model = load_pretrained()          # llmcore.GPT, float32, eval mode, CPU",
+        "model = load_pretrained()          # llmcore.GPT, float32, eval mode, CPU",
         "```",
         "",
         "## Model",
         "",
         "| | |", "|---|---|",
-        f"| architecture | GPT-2 style decoder (llmcore.model.GPT): learned positions, pre-norm "
-        f"blocks, GELU FFN, tied embedding |",
+        "| architecture | GPT-2 style decoder (llmcore.model.GPT): learned positions, pre-norm "
+        "blocks, GELU FFN, tied embedding |",
         f"| layers L, d_model d, heads h, d_head | {m['n_layers']}, {m['d_model']}, "
         f"{m['n_heads']}, {m['d_model'] // m['n_heads']} |",
         f"| FFN width f | {4 * m['d_model']} |",
         f"| context (max_seq_len) | {m['max_seq_len']} bytes |",
-        f"| vocabulary v | 256 (one token per byte, `llmcore.tokenizer`) |",
+        "| vocabulary v | 256 (one token per byte, `llmcore.tokenizer`) |",
         f"| parameters | {m['parameters']:,} |",
         f"| stored as | {metrics['weights_dtype']} in `model.safetensors` "
         f"({metrics['weights_bytes'] / 1e6:.2f} MB, Hugging Face GPT-2 layout); loaded as float32 |",
@@ -417,7 +410,7 @@ def model_card(metrics: dict) -> str:
         f"decay to {t['lr'] * t['min_lr_ratio']:.2g} |",
         f"| gradient clipping | global norm {t['grad_clip']} |",
         f"| seed | {t['seed']} (weights and batches) |",
-        f"| precision | float32 |",
+        "| precision | float32 |",
         f"| threads | {t['threads']}"
         + (f" (OMP_WAIT_POLICY={t['omp_wait_policy']})" if t.get("omp_wait_policy") else "")
         + " |",
@@ -547,7 +540,7 @@ def data_card(corpus: Corpus, name: str) -> str:
         "",
         "## Split: by file",
         "",
-        f"A file is held out for validation when the SHA-256 of its relative path, read as a",
+        "A file is held out for validation when the SHA-256 of its relative path, read as a",
         f"fraction in [0, 1), is below {c['validation_fraction']}. The split depends on the path",
         "alone: the same file lands on the same side on every machine, and no byte of a",
         "validation file is trained on. Validation files:",
@@ -608,7 +601,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         flag = "--" + f.name.replace("_", "-")
         kind = type(getattr(defaults, f.name))
         parser.add_argument(flag, type=kind, default=getattr(defaults, f.name),
-                            help=f"(default: %(default)s)")
+                            help="(default: %(default)s)")
     parser.add_argument("--name", default=DEFAULT_MODEL, help="model name (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: runs/<name>)")
@@ -637,12 +630,11 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     args = parse_args(argv)
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                               else os.cpu_count() or 1)
+    threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     out = shipped_folder(args.name) if args.ship else (args.out or Path("runs") / args.name)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {describe_machine(args.device)}; load average {_loadavg()}")
+    print(f"machine: {describe_machine(args.device)}; load average {load_average()}")
 
     kwargs = {} if args.validation_fraction is None else \
         {"validation_fraction": args.validation_fraction}

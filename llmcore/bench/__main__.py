@@ -8,14 +8,13 @@ text stream ``out``; to add one, append its pair to :data:`SECTIONS`. Chapter 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Callable, TextIO
 
 import torch
 
-from ..device import pick_device
+from ..device import load_average, pick_device, usable_cores
 from . import inference, ops
 
 Section = Callable[..., None]
@@ -46,10 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def load_note() -> str:
     """The machine's load when the run starts: timings mean little while others compete for it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if not hasattr(os, "getloadavg"):
+    cores, loads = usable_cores(), load_average()
+    if not loads:
         return f"load: unknown on this system ({cores} cores)"
-    load = os.getloadavg()[0]
+    load = loads[0]
     note = f"load: {load:.1f} runnable processes on average over the last minute, {cores} cores"
     if load > cores:
         note += ("; other processes compete for the CPU, so these figures are pessimistic "
