@@ -19,7 +19,7 @@ from torch import Tensor
 from .attention import attention_scores, weighted_values
 from .kvcache import KVCache
 from .layout import Layout, contiguous_layout
-from .shapes import NEG_INF, causal_mask
+from .shapes import causal_mask, mask_bias
 from .softmax import softmax
 
 
@@ -94,7 +94,8 @@ class SharedPrefixCache:
         scores = torch.cat([shared, attention_scores(q, own_k)], dim=-1)   # (b, h, n, P + m_own)
         allowed = layout.mask if layout.mask is not None else \
             causal_mask(n, scores.shape[-1], q.device)
-        weights = softmax(scores.masked_fill(~allowed, NEG_INF), dim=-1)
+        scores += mask_bias(allowed, scores.dtype)                        # + M, as in attention
+        weights = softmax(scores, dim=-1, inplace=True)                  # scores: our own buffer
         shared_weights = weights[..., :p].transpose(0, 1).reshape(h, b * n, p)
         out_shared = weighted_values(shared_weights, shared_v)            # (h, b n, d_head)
         out_shared = out_shared.view(h, b, n, d_head).transpose(0, 1)     # (b, h, n, d_head)
