@@ -160,6 +160,20 @@ def attention_inputs(shape: tuple[int, ...], device: torch.device, rng: np.rando
     return arrays, tensors, want
 
 
+def matrix_attention_rows(arrays, tensors, want: np.ndarray, flops: int, options: dict, *,
+                          numpy_timing: dict, torch_timing: dict) -> list[Row]:
+    """The three matrix forms of one attention: NumPy float64, torch explicit, torch fused.
+    options: ``attention``'s keywords (``causal``); the timings: ``measure_row``'s repeats."""
+    return [
+        measure_row("NumPy matrices (reference.attention)", "float64", reference.attention,
+                    tuple(arrays), flops, want, kwargs=options, **numpy_timing),
+        measure_row("torch matrices, explicit (attention)", "float32", attention, tensors,
+                    flops, want, kwargs=options, **torch_timing),
+        measure_row("torch, fused (attention, backend='fused')", "float32", attention,
+                    tensors, flops, want, kwargs={**options, "backend": "fused"}, **torch_timing),
+    ]
+
+
 def small_attention_rows(sizes: Sizes, device: torch.device, rng: np.random.Generator, *,
                          causal: bool) -> list[Row]:
     """Attention of one head, q, k, v: (n, d_head) with d_head = d, causal or not, every form."""
@@ -168,19 +182,15 @@ def small_attention_rows(sizes: Sizes, device: torch.device, rng: np.random.Gene
     flops = attention_flops(n, n, d_head, causal=causal)
     slow = dict(repeats=sizes.slow_repeats, min_seconds=sizes.min_seconds)
     fast = dict(repeats=sizes.repeats, min_seconds=sizes.min_seconds)
-    causal = {"causal": causal}
+    options = {"causal": causal}
     return [
         measure_row("pure Python, loops over lists (attention_scalar)", "float64",
                     attention_scalar, tuple(a.tolist() for a in arrays), flops, want,
-                    kwargs=causal, **slow),
+                    kwargs=options, **slow),
         measure_row("torch, one query, one key at a time (attention_loop)", "float32",
-                    attention_loop, tensors, flops, want, kwargs=causal, **slow),
-        measure_row("NumPy matrices (reference.attention)", "float64", reference.attention,
-                    tuple(arrays), flops, want, kwargs=causal, **fast),
-        measure_row("torch matrices, explicit (attention)", "float32", attention, tensors,
-                    flops, want, kwargs=causal, **fast),
-        measure_row("torch, fused (attention, backend='fused')", "float32", attention,
-                    tensors, flops, want, kwargs={**causal, "backend": "fused"}, **fast),
+                    attention_loop, tensors, flops, want, kwargs=options, **slow),
+        *matrix_attention_rows(arrays, tensors, want, flops, options, numpy_timing=fast,
+                               torch_timing=fast),
     ]
 
 
@@ -191,15 +201,8 @@ def big_attention_rows(sizes: Sizes, device: torch.device, rng: np.random.Genera
     flops = attention_flops(n, n, d_head, n_heads=h, batch=b, causal=True)
     slow = dict(repeats=sizes.slow_repeats, min_seconds=sizes.min_seconds)
     fast = dict(repeats=sizes.repeats, min_seconds=sizes.min_seconds)
-    causal = {"causal": True}
-    return [
-        measure_row("NumPy matrices (reference.attention)", "float64", reference.attention,
-                    tuple(arrays), flops, want, kwargs=causal, **slow),
-        measure_row("torch matrices, explicit (attention)", "float32", attention, tensors,
-                    flops, want, kwargs=causal, **fast),
-        measure_row("torch, fused (attention, backend='fused')", "float32", attention,
-                    tensors, flops, want, kwargs={**causal, "backend": "fused"}, **fast),
-    ]
+    return matrix_attention_rows(arrays, tensors, want, flops, {"causal": True},
+                                 numpy_timing=slow, torch_timing=fast)
 
 
 def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None = None) -> None:
