@@ -362,7 +362,7 @@ def _draw_vectors_view(ax: Axes, sizes: Sizes, shapes: dict[str, Shape]) -> floa
         ax.text(inner_x + inner_w / 2, y_plus, "+ residual (x + ...)", ha="center",
                 va="center", fontsize=7.5, color="#555555")
     _note(ax, block_y + block_h / 2,
-          f"in:  n vectors of size d\nout: n vectors of size d\n(n, d) -> (n, d)\n"
+          "in:  n vectors of size d\nout: n vectors of size d\n(n, d) -> (n, d)\n"
           "shape-preserving,\nso blocks stack",
           weight="normal")
     y = block_y + block_h

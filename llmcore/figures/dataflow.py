@@ -22,6 +22,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch
 from torch import Tensor
 
+from ..shapes import check_tensor, format_shape
+
 VIEW_COLOR = "#cfe3f3"
 """A tensor that reads memory an earlier tensor owns: no data moved to make it."""
 
@@ -53,9 +55,7 @@ def _check_steps(steps: object) -> list[tuple[str, Tensor, str]]:
         if not isinstance(name, str) or not isinstance(operation, str):
             raise TypeError(f"steps[{i}]: name and operation must be str, got "
                             f"{type(name).__name__} and {type(operation).__name__}")
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"steps[{i}] ({name}): expected a torch.Tensor, got "
-                            f"{type(tensor).__name__}")
+        check_tensor(f"steps[{i}] ({name})", tensor)
         if tensor.device.type == "meta":
             raise ValueError(f"steps[{i}] ({name}): a meta tensor has no memory, so whether it "
                              "is a view cannot be told")
@@ -81,8 +81,8 @@ def storage_kinds(steps: Sequence[tuple[str, Tensor, str]]) -> list[str | None]:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
@@ -115,10 +115,9 @@ def plot_data_flow(steps: Sequence[tuple[str, Tensor, str]], *, title: str | Non
             color, note = VIEW_COLOR, f"view of {owner}'s memory"
         ax.add_patch(FancyBboxPatch((0.0, y + 0.12), 4.6, 0.56, boxstyle="round,pad=0.02",
                                     facecolor=color, edgecolor="#555555", linewidth=0.8))
-        shape = "(" + ", ".join(str(s) for s in tensor.shape) + ")"
+        shape = format_shape(tensor.shape)
         if symbols:
-            named = ", ".join(symbols.get(s, str(s)) for s in tensor.shape)
-            shape = f"({named}) = {shape}"
+            shape = f"{format_shape([symbols.get(s, s) for s in tensor.shape])} = {shape}"
         ax.text(0.12, y + 0.4, name, ha="left", va="center", fontsize=9, fontweight="bold")
         ax.text(1.45, y + 0.4, shape, ha="left", va="center", fontsize=8, family="monospace")
         ax.text(4.75, y + 0.4, note, ha="left", va="center", fontsize=8)

@@ -20,7 +20,6 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
@@ -96,9 +95,7 @@ def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None =
     """
     if not isinstance(ax, Axes):
         raise TypeError(f"ax: expected a matplotlib Axes, got {type(ax).__name__}")
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().double().numpy()
-    array = np.asarray(values, dtype=np.float64)
+    array = as_float_array("values", values)
     if array.ndim != 2 or array.size == 0:
         raise ValueError(f"values: expected a non-empty (r, c) matrix, got shape {array.shape}")
     if not vmin < vmax:
@@ -107,12 +104,11 @@ def draw_heatmap(ax: Axes, values: object, *, row_labels: Sequence[str] | None =
     image = ax.imshow(array, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
     for axis, labels, size, name in ((ax.xaxis, col_labels, c, "col_labels"),
                                      (ax.yaxis, row_labels, r, "row_labels")):
-        if labels is not None and len(labels) != size:
-            raise ValueError(f"{name}: expected {size} labels, got {len(labels)}")
+        labels = check_labels(name, labels, size)
         if not ticks:
             continue
         if labels is not None:
-            axis.set_ticks(range(size), [str(label) for label in labels], fontsize=fontsize)
+            axis.set_ticks(range(size), labels, fontsize=fontsize)
         else:
             step = max(1, math.ceil(size / 12))
             axis.set_ticks(range(0, size, step), [str(k) for k in range(0, size, step)],
