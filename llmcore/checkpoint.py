@@ -8,6 +8,7 @@ so loading is renaming, never transposing. Nothing here touches the network. Cha
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -105,6 +106,11 @@ def read_config(path: str | Path) -> GPTConfig:
         raise FileNotFoundError(f"no {CONFIG_FILE} in {path} (expected a GPT-2 checkpoint "
                                 f"directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
     return config_from_gpt2(read_json_object(file), str(file))
+
+
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as hex: how a shipped checkpoint's weights are recorded."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def read_json_object(file: Path) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -35,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checkpoint import WEIGHTS_FILE, load_gpt2, save_gpt2
-from .corpus import Corpus, bits_per_byte, load_corpus, ngram_bits_per_byte
+from .checkpoint import WEIGHTS_FILE, load_gpt2, save_gpt2, sha256_file
+from .corpus import (EXCLUDED_DIRS, EXCLUDED_PREFIXES, OTHER_LICENSE_MARKERS, Corpus,
+                     bits_per_byte, load_corpus, ngram_bits_per_byte)
 from .device import describe_machine, load_average, usable_cores
 from .generate import generate
 from .model import GPT, GPTConfig
@@ -293,10 +293,6 @@ def save_checkpoint(model: GPT, folder: Path, dtype: torch.dtype) -> Path:
     return save_gpt2(stored, folder)
 
 
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def generations(model: GPT, prompts=PROMPTS, *, max_new_tokens: int = 120,
                 temperature: float = 0.8, top_k: int | None = None, seed: int = 0) -> list[dict]:
     """Greedy and sampled continuations of each prompt (decoded text), with the KV cache."""
@@ -501,12 +497,12 @@ def model_card(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def data_card(corpus: Corpus, name: str) -> str:
-    """DATA_CARD.md: what the corpus is, how it was selected and split, and its license."""
-    c = corpus.summary()
+def data_card(corpus: Corpus, summary: dict, name: str) -> str:
+    """DATA_CARD.md: what the corpus is, how it was selected and split, and its license.
+    summary: ``corpus.summary()``, already computed (it hashes every file)."""
+    c = summary
     license_text = psf_license_text(corpus.root)
     capped = sum("cap" in reason for _, reason in corpus.skipped)
-    from .corpus import EXCLUDED_DIRS, EXCLUDED_PREFIXES, OTHER_LICENSE_MARKERS
     lines = [
         f"# Data card: the training text of `{name}`",
         "",
@@ -716,7 +712,7 @@ def main(argv: list[str] | None = None) -> dict:
     metrics["training"]["total_wall_seconds"] = round(time.perf_counter() - started, 1)
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=1) + "\n", encoding="utf-8")
     (out / MODEL_CARD_FILE).write_text(model_card(metrics), encoding="utf-8")
-    (out / DATA_CARD_FILE).write_text(data_card(corpus, args.name), encoding="utf-8")
+    (out / DATA_CARD_FILE).write_text(data_card(corpus, summary, args.name), encoding="utf-8")
     print(f"\nwrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return metrics
 

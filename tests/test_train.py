@@ -114,8 +114,7 @@ def test_a_short_run_lowers_the_loss(tiny_run):
     assert max(history.grad_norm) > 0 and history.wall_seconds > 0
 
 
-def test_a_run_repeats_exactly_under_its_seed(tiny_run):
-    config, (model, history) = tiny_run
+def test_a_run_repeats_exactly_under_its_seed():
     short = TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6})
     tokens = stream(TEXT)
     a = train(short, tokens, tokens, progress=False)[1]

@@ -17,14 +17,13 @@ Chapter 5.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from importlib import resources
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_gpt2, read_json_object
+from ..checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_gpt2, read_json_object, sha256_file
 from ..model import GPT
 from ..tokenizer import ByteTokenizer
 
@@ -101,7 +100,7 @@ def load_pretrained(name: str | os.PathLike = DEFAULT_MODEL, *, device=None,
     if verify:
         want = pretrained_info(folder).get("weights_sha256")
         if want is not None:
-            got = hashlib.sha256((folder / WEIGHTS_FILE).read_bytes()).hexdigest()
+            got = sha256_file(folder / WEIGHTS_FILE)
             if got != want:
                 raise ValueError(f"{folder / WEIGHTS_FILE}: SHA-256 {got[:16]}... differs from "
                                  f"{want[:16]}... recorded in {METRICS_FILE}; the file is "
