@@ -24,27 +24,28 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 
 venv: $(STAMP)
 
-# A failed strict build must fail again when re-run unchanged: Sphinx only re-reads changed pages
-# and would not repeat the warnings, so the saved environment is dropped on failure.
+# The strict build, into the output folder $(1). A failed strict build must fail again when re-run
+# unchanged: Sphinx only re-reads changed pages and would not repeat the warnings, so the saved
+# environment is dropped on failure.
+strict_build = $(BIN)/jupyter-book build . -W -n --keep-going --path-output $(1) $(2) \
+	  || { rm -f $(1)/_build/.doctrees/environment.pickle; exit 1; }
+
 book: $(STAMP) book-cache
-	$(BIN)/jupyter-book build . -W -n --keep-going \
-	  || { rm -f _build/.doctrees/environment.pickle; exit 1; }
+	$(call strict_build,.)
 
 # The same site with the solution notebooks included (for instructors; never publish it).
 book-instructor: $(STAMP) book-cache
 	$(BIN)/python tests/book_site.py instructor-toc _build/_toc_instructor.yml
-	$(BIN)/jupyter-book build . -W -n --keep-going --toc _build/_toc_instructor.yml \
-	  --path-output _build/instructor \
-	  || { rm -f _build/instructor/_build/.doctrees/environment.pickle; exit 1; }
+	$(call strict_build,_build/instructor,--toc _build/_toc_instructor.yml)
 
 # The execution cache keys a chapter on its own code only, but chapters run llmcore: when the
 # package (or the shipped model) changes, every chapter must run again, so the cache is dropped.
-LLMCORE_HASH = $(shell find llmcore -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
-                 -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
 book-cache:
 	@mkdir -p _build
-	@if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$(LLMCORE_HASH)" ]; then \
-	  rm -rf _build/.jupyter_cache; echo "$(LLMCORE_HASH)" > _build/.llmcore-hash; fi
+	@hash=$$(find llmcore -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
+	    -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16); \
+	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
+	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
 test: $(STAMP) $(LAB_SETTINGS) browser book-cache
 	$(BIN)/python -m pytest

@@ -69,7 +69,7 @@ def toc_pages(toc_file: Path = TOC_FILE) -> list[str]:
     expanded like Sphinx does (sorted matching source files). Raises ValueError for a listed
     page with no source file.
     """
-    from sphinx_external_toc.api import GlobItem, UrlItem
+    from sphinx_external_toc.api import UrlItem
     from sphinx_external_toc.parsing import parse_toc_yaml
 
     site_map = parse_toc_yaml(toc_file)
@@ -80,12 +80,6 @@ def toc_pages(toc_file: Path = TOC_FILE) -> list[str]:
         for subtree in site_map[docname].subtrees:
             for item in subtree.items:
                 if isinstance(item, UrlItem):
-                    continue
-                if isinstance(item, GlobItem):
-                    matches = sorted({str(p.relative_to(ROOT).with_suffix("").as_posix())
-                                      for suffix in SOURCE_SUFFIXES
-                                      for p in ROOT.glob(str(item) + suffix)})
-                    pages.extend(m for m in matches if m not in pages)
                     continue
                 visit(str(item))
 
@@ -132,7 +126,6 @@ class BuildResult:
     returncode: int
     log: str
     seconds: float
-    html_dir: Path
 
     def problems(self) -> list[str]:
         """The WARNING and ERROR lines of the build's output."""
@@ -158,7 +151,7 @@ def build_book() -> BuildResult:
     seconds = time.perf_counter() - start
     log += f"\n[book_site] jupyter-book {' '.join(STRICT_BUILD)}: exit {returncode} in {seconds:.1f} s\n"
     BUILD_LOG.write_text(log, encoding="utf-8")
-    return BuildResult(returncode, log, seconds, HTML_DIR)
+    return BuildResult(returncode, log, seconds)
 
 
 def tail(text: str, lines: int = 40) -> str:

@@ -196,5 +196,5 @@ def test_jupyterlab_opens_markdown_as_notebooks_on_double_click(lab):
     viewer = user.get("markdown", viewers.get("markdown"))
     assert viewer == JUPYTEXT_VIEWER, (
         f"JupyterLab opens .md files with {viewer or 'the text editor'!r}, expected "
-        f"{JUPYTEXT_VIEWER!r}; `make lab-settings` sets it (jupytext-config --settings-file "
+        f"{JUPYTEXT_VIEWER!r}; `make lab` or `make test` sets it (jupytext-config --settings-file "
         f".venv/etc/jupyter/labconfig/default_setting_overrides.json set-default-viewer)")
