@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import html
 import inspect
 import logging
+import math
 import os
 import re
 import shutil
@@ -229,12 +231,7 @@ class TorchCall:
     @property
     def rows(self) -> int:
         """Rows (tokens) of the first tensor argument: every dimension but the last."""
-        if not self.shapes:
-            return 0
-        rows = 1
-        for size in self.shapes[0][:-1]:
-            rows *= size
-        return rows
+        return math.prod(self.shapes[0][:-1]) if self.shapes else 0
 
     def uses(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (or a view of its memory, such as its transpose) was an argument."""
@@ -298,13 +295,10 @@ def _memory_limit_code(megabytes: int) -> str:
             "del _resource\n")
 
 
-_CLASSES: dict[str, type] = {}
-
-
+@functools.cache
 def _bounded_execute() -> type:
-    """nbgrader's Execute preprocessor with a memory limit, preloaded modules and an output cap."""
-    if "BoundedExecute" in _CLASSES:
-        return _CLASSES["BoundedExecute"]
+    """nbgrader's Execute preprocessor with a memory limit, preloaded modules and an output cap
+    (built on first use, so that importing llmcore.grading does not import nbgrader)."""
     from jupyter_core.utils import run_sync
     from nbformat.v4 import new_output
     from nbgrader.preprocessors import Execute
@@ -394,7 +388,6 @@ def _bounded_execute() -> type:
                                             "characters]\n"))
             return out
 
-    _CLASSES["BoundedExecute"] = BoundedExecute
     return BoundedExecute
 
 
@@ -467,6 +460,10 @@ class _LogRecords(logging.Handler):
         with contextlib.suppress(Exception):
             self.records.append((record.levelno, record.getMessage()))
 
+    def errors(self) -> str:
+        """The ERROR (and worse) messages, one per line."""
+        return "\n".join(m for level, m in self.records if level >= logging.ERROR)
+
 
 @contextlib.contextmanager
 def _quiet_gradebook() -> Iterator[None]:
@@ -520,7 +517,6 @@ def release(course_dir: str | os.PathLike = ".", *, release_dir: str | os.PathLi
     only on solutions/, so a fresh generation equals the committed one.
     """
     _prepare_environment()
-    from nbgrader.converters import GenerateAssignment
     config = course_config(course_dir, config_file=config_file)
     config.SaveCells.enabled = False          # no gradebook: releasing records nothing
     coursedir = _course_directory(config)
@@ -531,18 +527,11 @@ def release(course_dir: str | os.PathLike = ".", *, release_dir: str | os.PathLi
                                 f"{source}/<assignment>/<notebook>.ipynb)")
     if release_dir is not None:
         coursedir.release_directory = str(Path(release_dir).resolve())
-    target = Path(coursedir.root) / coursedir.release_directory
     written = []
     for name in names:
         coursedir.assignment_id = name
-        app = GenerateAssignment(coursedir=coursedir, config=config)
-        app.force = True
-        app.no_database = True
-        records = _run_converter(app)
-        notebooks = sorted((target / name).glob("*.ipynb"))
-        if not notebooks:
-            errors = "\n".join(m for level, m in records.records if level >= logging.ERROR)
-            raise RuntimeError(f"release: nbgrader generated nothing for {name}:\n{errors}")
+        _, notebooks = _generate_assignment(config, coursedir, no_database=True,
+                                            failure=f"release: nbgrader generated nothing for {name}")
         for notebook in notebooks:
             notebook.chmod(0o644)
         written += notebooks
@@ -771,18 +760,31 @@ def _failure_feedback(path: Path, student: str, assignment: str, reason: str) ->
         "what goes wrong, then submit it again.</p>\n</body></html>\n", encoding="utf-8")
 
 
+def _generate_assignment(config, coursedir, *, no_database: bool,
+                         failure: str) -> tuple[_LogRecords, list[Path]]:
+    """nbgrader generate_assignment of ``coursedir.assignment_id`` into its release directory;
+    returns the log and the notebooks written, or raises RuntimeError(failure + nbgrader's errors)
+    when it wrote none."""
+    from nbgrader.converters import GenerateAssignment
+    app = GenerateAssignment(coursedir=coursedir, config=config)
+    app.force = True
+    app.no_database = no_database
+    records = _run_converter(app)
+    folder = Path(coursedir.root) / coursedir.release_directory / coursedir.assignment_id
+    notebooks = sorted(folder.glob("*.ipynb"))
+    if not notebooks:
+        raise RuntimeError(f"{failure}:\n{records.errors()}")
+    return records, notebooks
+
+
 def _register(config, assignment: str) -> _LogRecords:
     """Record an assignment's cells (tests, points, checksums, hidden tests) in the gradebook
     (nbgrader generate_assignment into a scratch folder: exercises/ is not touched)."""
-    from nbgrader.converters import GenerateAssignment
     with tempfile.TemporaryDirectory() as scratch:
-        app = GenerateAssignment(coursedir=_course_directory(
-            config, assignment_id=assignment, release_directory=scratch), config=config)
-        app.force = True
-        records = _run_converter(app)
-        if not any(Path(scratch, assignment).glob("*.ipynb")):
-            errors = "\n".join(m for level, m in records.records if level >= logging.ERROR)
-            raise RuntimeError(f"grade: nbgrader could not register {assignment}:\n{errors}")
+        coursedir = _course_directory(config, assignment_id=assignment, release_directory=scratch)
+        records, _ = _generate_assignment(
+            config, coursedir, no_database=False,
+            failure=f"grade: nbgrader could not register {assignment}")
     return records
 
 
@@ -869,7 +871,6 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
         if feedback:
             app = GenerateFeedback(coursedir=_course_directory(
                 config, assignment_id=assignment, student_id="*"), config=config)
-            app.update_config(_feedback_config())
             report(_run_converter(app))
 
     rows = _gradebook_rows(coursedir, status)
@@ -895,13 +896,6 @@ def _gradebook_rows(coursedir, status: dict[tuple[str, str], str]) -> list[Grade
     rows += [GradeRow(student, assignment, 0.0, 0.0, note)
              for (student, assignment), note in status.items() if note == "unknown assignment"]
     return sorted(rows, key=lambda r: (r.assignment, r.student))
-
-
-def _feedback_config():
-    from traitlets.config import Config
-    config = Config()
-    config.HTMLExporter.template_name = "feedback"
-    return config
 
 
 def write_grades(rows: Sequence[GradeRow], path: Path) -> None:
