@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -91,6 +91,27 @@ class BlockAllocator:
             assert on_list == (self.ref_counts[block] == 0), \
                 f"block {block}: reference count {self.ref_counts[block]}, on free list {on_list}"
         assert self.num_free + self.num_used == self.num_blocks
+
+
+def block_owners(tables: Mapping[Hashable, Sequence[int]]) -> dict[int, list[Hashable]]:
+    """Physical block id -> the sequences whose tables list it (its reference count is the
+    length of that list). Blocks nobody lists are absent. Chapter 9."""
+    owners: dict[int, list[Hashable]] = {}
+    for seq_id, table in tables.items():
+        for block in table:
+            owners.setdefault(block, []).append(seq_id)
+    return owners
+
+
+def block_fill(tables: Mapping[Hashable, Sequence[int]], lengths: Mapping[Hashable, int],
+               block_size: int) -> dict[int, int]:
+    """Physical block id -> token slots filled in it (the most any of its owners fills)."""
+    fill: dict[int, int] = {}
+    for seq_id, table in tables.items():
+        for j, block in enumerate(table):
+            used = min(block_size, lengths[seq_id] - j * block_size)
+            fill[block] = max(fill.get(block, 0), used)
+    return fill
 
 
 @dataclass
@@ -178,6 +199,21 @@ class PagedKVCache:
     def block_table(self, seq_id: Hashable) -> list[int]:
         return list(self._get(seq_id).blocks)
 
+    def block_tables(self) -> tuple[dict[Hashable, list[int]], dict[Hashable, int]]:
+        """Every sequence's block table (a copy) and the tokens it holds, by sequence id."""
+        return ({s: list(seq.blocks) for s, seq in self.sequences.items()},
+                {s: seq.length for s, seq in self.sequences.items()})
+
+    def check(self) -> None:
+        """Raise AssertionError if an invariant is broken: the allocator's, or a block whose
+        reference count is not the number of block tables that list it."""
+        self.allocator.check()
+        owners = block_owners(self.block_tables()[0])
+        for block, count in enumerate(self.allocator.ref_counts):
+            listed = len(owners.get(block, []))
+            assert count == listed, \
+                f"block {block} has reference count {count} but {listed} block tables list it"
+
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold ``tokens`` tokens: ceil(tokens / p)."""
         return math.ceil(tokens / self.block_size)
@@ -228,12 +264,7 @@ class PagedKVCache:
 
     def tokens_stored(self) -> int:
         """Token slots filled in blocks in use, a shared block counted once."""
-        filled: dict[int, int] = {}
-        for seq in self.sequences.values():
-            for i, block in enumerate(seq.blocks):
-                fill = min(self.block_size, seq.length - i * self.block_size)
-                filled[block] = max(filled.get(block, 0), fill)
-        return sum(filled.values())
+        return sum(block_fill(*self.block_tables(), self.block_size).values())
 
     def used_bytes(self) -> int:
         element = self.key_pools[0].element_size()

@@ -12,24 +12,15 @@ import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from llmcore import GPT, PagedKVCache, Request, serve  # noqa: E402
-from llmcore.figures.paging import (SHARED_COLOR, block_fill, block_owners,  # noqa: E402
-                                    check_block_tables, colors_for, plot_block_tables,
-                                    plot_paged_cache, plot_reservations, plot_timeline,
-                                    reserved_slots)
+from llmcore.figures.paging import (SHARED_COLOR, check_block_tables, colors_for,  # noqa: E402
+                                    plot_block_tables, plot_paged_cache, plot_reservations,
+                                    plot_timeline, reserved_slots)
 from llmcore.serving import StepRecord  # noqa: E402
 from conftest import TINY_GQA  # noqa: E402
 
 
 def texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
-
-
-def test_owners_and_fill_follow_the_tables():
-    tables = {"a": [3, 0, 5], "b": [3, 1]}
-    lengths = {"a": 10, "b": 6}
-    assert block_owners(tables) == {3: ["a", "b"], 0: ["a"], 5: ["a"], 1: ["b"]}
-    # p = 4: a fills 4, 4, 2; b fills 4, 2; the shared block 3 is full
-    assert block_fill(tables, lengths, 4) == {3: 4, 0: 4, 5: 2, 1: 2}
 
 
 def test_block_tables_figure_shows_ids_shared_counts_and_free_blocks():

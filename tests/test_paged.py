@@ -10,7 +10,27 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from llmcore import GPT, BlockAllocator, KVCache, OutOfBlocks, PagedKVCache
+from llmcore.paged import block_fill, block_owners
 from conftest import TINY_GQA
+
+
+def test_owners_and_fill_follow_the_tables():
+    tables = {"a": [3, 0, 5], "b": [3, 1]}
+    lengths = {"a": 10, "b": 6}
+    assert block_owners(tables) == {3: ["a", "b"], 0: ["a"], 5: ["a"], 1: ["b"]}
+    # p = 4: a fills 4, 4, 2; b fills 4, 2; the shared block 3 is full
+    assert block_fill(tables, lengths, 4) == {3: 4, 0: 4, 5: 2, 1: 2}
+
+
+def test_cache_check_catches_a_count_no_table_accounts_for():
+    cache = PagedKVCache(n_layers=1, n_kv_heads=1, d_head=2, block_size=2, num_blocks=3,
+                         max_seq_len=8)
+    cache.add_sequence("a")
+    cache.make_room("a", 3)                         # two blocks, listed by a's table
+    cache.check()
+    cache.allocator.allocate()                      # a reference no table accounts for
+    with pytest.raises(AssertionError, match="reference count 1 but 0 block tables list it"):
+        cache.check()
 
 
 # -- the allocator ------------------------------------------------------------------------------
@@ -100,7 +120,7 @@ class Twin:
         for i, name in enumerate(names):
             alone = self.model(tokens[i:i + 1], self.contiguous[name])
             torch.testing.assert_close(paged[i], alone[0], msg=f"sequence {name!r}")
-        self.paged.allocator.check()
+        self.paged.check()
         return paged
 
 
@@ -277,6 +297,6 @@ def test_truncate_returns_blocks_and_keeps_shared_ones_safe(tiny_gqa_model):
     twin.run(["b", "a"], tokens(2, 1, seed=4, device=device))      # b writes: copy on write
     assert twin.paged.copy_on_write_count == 1
     twin.paged.truncate("a", 0)
-    twin.paged.allocator.check()
+    twin.paged.check()
     with pytest.raises(ValueError, match="truncate: length must lie in"):
         twin.paged.truncate("b", 99)

@@ -29,6 +29,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from ..paged import block_fill, block_owners
+
 SHARED_COLOR = "#9a9a9a"
 """Filled slots of a block that several sequences list (a shared prefix block)."""
 
@@ -96,27 +98,6 @@ def check_block_tables(tables: object, lengths: object, *, num_blocks: int,
                              f"{len(blocks)}")
         checked_tables[seq_id], checked_lengths[seq_id] = blocks, length
     return checked_tables, checked_lengths
-
-
-def block_owners(tables: Mapping[Hashable, Sequence[int]]) -> dict[int, list[Hashable]]:
-    """Physical block id -> the sequences whose tables list it (its reference count is the
-    length of that list). Blocks nobody lists are absent. Chapter 9."""
-    owners: dict[int, list[Hashable]] = {}
-    for seq_id, table in tables.items():
-        for block in table:
-            owners.setdefault(block, []).append(seq_id)
-    return owners
-
-
-def block_fill(tables: Mapping[Hashable, Sequence[int]], lengths: Mapping[Hashable, int],
-               block_size: int) -> dict[int, int]:
-    """Physical block id -> token slots filled in it (the most any of its owners fills)."""
-    fill: dict[int, int] = {}
-    for seq_id, table in tables.items():
-        for j, block in enumerate(table):
-            used = min(block_size, lengths[seq_id] - j * block_size)
-            fill[block] = max(fill.get(block, 0), used)
-    return fill
 
 
 def _slots(ax: Axes, x: float, y: float, filled: int, block_size: int, color, *,
@@ -237,15 +218,11 @@ def plot_paged_cache(cache, *, title: str | None = None, per_row: int = 8) -> Fi
         if not hasattr(cache, attribute):
             raise TypeError(f"cache: expected a PagedKVCache (with .{attribute}), got "
                             f"{type(cache).__name__}")
-    tables = {seq_id: list(seq.blocks) for seq_id, seq in cache.sequences.items()}
-    lengths = {seq_id: seq.length for seq_id, seq in cache.sequences.items()}
-    owners = block_owners(tables)
-    counts = cache.allocator.ref_counts
-    wrong = [b for b in range(len(counts)) if counts[b] != len(owners.get(b, []))]
-    if wrong:
-        b = wrong[0]
-        raise ValueError(f"cache: block {b} has reference count {counts[b]} but "
-                         f"{len(owners.get(b, []))} block tables list it")
+    tables, lengths = cache.block_tables()
+    try:
+        cache.check()
+    except AssertionError as broken:
+        raise ValueError(f"cache: {broken}") from None
     return plot_block_tables(tables, lengths, num_blocks=cache.allocator.num_blocks,
                              block_size=cache.block_size, title=title, per_row=per_row)
 
