@@ -1,7 +1,9 @@
-"""Input checks shared by the figure modules: numbers to draw, and labels to write."""
+"""Input checks shared by the figure modules: numbers to draw, labels to write, and the grid
+of panels a figure lays out."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -36,3 +38,12 @@ def check_labels(name: str, labels: Sequence[str] | None, size: int,
     if len(labels) != size:
         raise ValueError(f"{name}: expected {size} labels{detail}, got {len(labels)}")
     return [str(label) for label in labels]
+
+
+def panel_grid(count: int, ncols: object) -> tuple[int, int]:
+    """(rows, cols) of a grid for ``count`` panels at most ``ncols`` per row (never wider than
+    ``count``); a ValueError unless ncols is a positive int."""
+    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
+        raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
+    cols = min(ncols, count)
+    return math.ceil(count / cols), cols

@@ -24,7 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
 
-from .common import as_float_array, check_labels
+from .common import as_float_array, check_labels, panel_grid
 
 MAX_TOKENS = 96
 """The most queries or keys a heatmap may have and still show one tick label per token."""
@@ -143,11 +143,8 @@ def plot_attention(weights: object, labels: Sequence[str] | None = None, *,
     for head in heads:
         if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < h:
             raise ValueError(f"heads: expected indices in [0, {h}), got {list(heads)}")
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
-        raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
+    rows, cols = panel_grid(len(heads), ncols)
     side = panel if panel is not None else min(4.0, max(2.2, 0.11 * m + 1.0))
-    cols = min(ncols, len(heads))
-    rows = math.ceil(len(heads) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 0.8, side * rows + 0.4),
                              layout="constrained", squeeze=False, sharex=True, sharey=True)
     plt.close(fig)            # out of pyplot's registry: the caller owns (and displays) it

@@ -28,7 +28,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from .common import check_labels
+from .common import check_labels, panel_grid
 
 ALLOWED_COLOR = "#3b75af"
 """A cell where the query may attend to the key."""
@@ -185,12 +185,7 @@ def plot_masks(mask: object, *, padding: object = None,
     names = _per_sequence("titles", titles, b)
     if not (isinstance(cell, (int, float)) and 0.05 <= cell <= 1.0):
         raise ValueError(f"cell: expected a side between 0.05 and 1 inch, got {cell!r}")
-    if ncols is None:
-        ncols = b
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
-        raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
-    ncols = min(ncols, b)
-    nrows = -(-b // ncols)
+    nrows, ncols = panel_grid(b, b if ncols is None else ncols)
     width = ncols * (m * cell + 0.9) + 0.3
     height = nrows * (n * cell + 1.1) + 0.5
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,

@@ -26,14 +26,13 @@ cell's result. The probabilities themselves are computed by the caller (the chap
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from .common import as_float_array
+from .common import as_float_array, panel_grid
 
 SUM_TOLERANCE = 1e-3
 """How far from 1 a distribution's sum may be (float32 softmax outputs are not exact)."""
@@ -140,12 +139,7 @@ def plot_distributions(distributions: Mapping[str, object], labels: Sequence[str
     if reference not in arrays:
         raise ValueError(f"reference: expected one of {list(arrays)}, got {reference!r}")
     count = len(arrays)
-    if ncols is None:
-        ncols = min(count, 4)
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
-        raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
-    ncols = min(ncols, count)
-    nrows = math.ceil(count / ncols)
+    nrows, ncols = panel_grid(count, 4 if ncols is None else ncols)
 
     tokens = shown_tokens(arrays[reference], top)
     ticks = [str(labels[t]) for t in tokens] + [REST_LABEL]
