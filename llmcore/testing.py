@@ -19,6 +19,14 @@ def randn(rng: np.random.Generator, *shape: int, device=None,
     return torch.from_numpy(rng.standard_normal(shape)).to(device=device, dtype=dtype)
 
 
+def randint(generator: torch.Generator, low: int, high: int, *shape: int, device=None,
+            dtype: torch.dtype = torch.float64) -> Tensor:
+    """Whole numbers drawn uniformly from [low, high] (both included) by ``generator`` on the CPU,
+    then moved: small exact values for examples checked by hand (Chapters 4 and 5)."""
+    drawn = torch.randint(low, high + 1, shape, generator=generator)
+    return drawn.to(device=device, dtype=dtype)
+
+
 def _as_array(x) -> np.ndarray:
     if isinstance(x, Tensor):
         return x.detach().cpu().double().numpy()

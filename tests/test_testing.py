@@ -80,3 +80,12 @@ def test_assert_same_as_hands_both_functions_the_dtype_device_and_keywords_asked
     testing.assert_same_as(spy, spy, shapes=[(3, 4)], dtype=torch.float32, device=device, scale=2.0,
                            rtol=1e-6, atol=1e-6)
     assert seen == [(torch.float32, device.type, (3, 4), 2.0)] * 2
+
+
+def test_randint_draws_whole_numbers_in_the_closed_range_on_the_device(device):
+    x = testing.randint(torch.Generator().manual_seed(0), -2, 2, 50, 4, device=device)
+    assert x.shape == (50, 4) and x.dtype == torch.float64 and x.device.type == device.type
+    values = set(x.cpu().flatten().tolist())
+    assert values <= {-2.0, -1.0, 0.0, 1.0, 2.0} and {-2.0, 2.0} <= values   # both ends drawn
+    again = testing.randint(torch.Generator().manual_seed(0), -2, 2, 50, 4, device=device)
+    assert torch.equal(x, again)                                               # seeded
