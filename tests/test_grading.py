@@ -33,8 +33,6 @@ from llmcore.grading import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, f
                              watch_torch_calls)
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead": "multihead",
-               "04_kv_cache": "kv_cache"}
 CELL_TIMEOUT = 10          # seconds; the submission that loops forever costs one of these
 
 _spec = importlib.util.spec_from_file_location("grading_mutants",
@@ -43,6 +41,7 @@ mutants = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = mutants          # dataclasses look their module up while building
 _spec.loader.exec_module(mutants)
 SUBMISSIONS = mutants.WRONG + mutants.BROKEN
+ASSIGNMENTS = mutants.ASSIGNMENTS
 
 
 # ------------------------------------------------------------------------------------------------

@@ -39,8 +39,7 @@ class Delete:
 @dataclass(frozen=True)
 class Submission:
     student: str
-    assignment: str
-    notebook: str
+    assignment: str                 # its notebook is ASSIGNMENTS[assignment] + ".ipynb"
     why: str
     score: float
     failing: frozenset[str]
@@ -49,21 +48,21 @@ class Submission:
     stops_grader: bool = False      # the kernel dies: nbgrader cannot finish, the grade is 0
 
 
-MATMUL = ("01_matmul", "matmul")
-ATTENTION = ("02_attention", "attention")
-MULTIHEAD = ("03_multihead", "multihead")
-KV_CACHE = ("04_kv_cache", "kv_cache")
+ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead": "multihead",
+               "04_kv_cache": "kv_cache"}
+"""Assignment folder -> its notebook's name (without .ipynb)."""
+MATMUL, ATTENTION, MULTIHEAD, KV_CACHE = ASSIGNMENTS
 
 
 WRONG = [
     Submission(
-        "wrong_loop_bound", *MATMUL,
+        "wrong_loop_bound", MATMUL,
         "matmul's column loop runs to a's column count k instead of b's m: right only when k == m, "
         "so every square test passes",
         score=9, failing=frozenset({"test_matmul_hidden"}),
         edits={"matmul": Replace("for j in range(m):", "for j in range(a.shape[1]):")}),
     Submission(
-        "row_by_row", *MATMUL,
+        "row_by_row", MATMUL,
         "project multiplies one token row at a time: the right numbers, but n products instead of one",
         score=10, failing=frozenset({"test_project_hidden"}),
         edits={"project": Replace(
@@ -71,12 +70,12 @@ WRONG = [
             "q = torch.stack([row @ w for row in x.reshape(-1, x.shape[-1])]).reshape("
             "*x.shape[:-1], w.shape[1]) ")}),
     Submission(
-        "library_matmul", *MATMUL,
+        "library_matmul", MATMUL,
         "matmul calls @ (the library's product) instead of looping",
         score=7, failing=frozenset({"test_matmul", "test_matmul_hidden"}),
         edits={"matmul": Replace("n, m = a.shape[0], b.shape[1]", "return a @ b")}),
     Submission(
-        "no_max_shift", *ATTENTION,
+        "no_max_shift", ATTENTION,
         "softmax without subtracting the row maximum: exp overflows on large logits (and 0/0 on a "
         "fully masked row), which also breaks attention with large scores",
         score=7, failing=frozenset({"test_softmax_large_hidden", "test_softmax_masked_hidden",
@@ -87,25 +86,25 @@ def softmax_rows(x):
     return exps / exps.sum(dim=-1, keepdim=True)
 ''')}),
     Submission(
-        "library_softmax", *ATTENTION,
+        "library_softmax", ATTENTION,
         "softmax_rows calls torch.softmax",
         score=8, failing=frozenset({"test_softmax", "test_softmax_large_hidden",
                                     "test_softmax_masked_hidden"}),
         edits={"softmax_rows": Replace("top = x.amax(dim=-1, keepdim=True) ",
                                        "return torch.softmax(x, dim=-1) ")}),
     Submission(
-        "mask_off_by_one", *ATTENTION,
+        "mask_off_by_one", ATTENTION,
         "the causal mask uses < instead of <=: a query may not see itself, so query 0 sees nothing",
         score=5, failing=frozenset({"test_causal_mask", "test_causal_mask_hidden", "test_attention",
                                     "test_attention_hidden"}),
         edits={"causal_mask": Replace("cols <= rows + (m - n)", "cols < rows + (m - n)")}),
     Submission(
-        "mask_top_left", *ATTENTION,
+        "mask_top_left", ATTENTION,
         "the causal mask is aligned to the top-left corner (j <= i): right only when n == m",
         score=8, failing=frozenset({"test_causal_mask_hidden", "test_attention_hidden"}),
         edits={"causal_mask": Replace("cols <= rows + (m - n)", "cols <= rows")}),
     Submission(
-        "heads_wrong_axis", *MULTIHEAD,
+        "heads_wrong_axis", MULTIHEAD,
         "split_heads cuts the token axis instead of the feature axis (a view with no transpose), "
         "which also spoils qkv_projection and multi-head attention built on it",
         score=3, failing=frozenset({"test_split_heads", "test_split_heads_hidden",
@@ -114,7 +113,7 @@ def softmax_rows(x):
         edits={"split_heads": Replace("x.view(*lead, n, n_heads, d // n_heads).transpose(-3, -2)",
                                       "x.view(*lead, n_heads, n, d // n_heads)")}),
     Submission(
-        "three_products", *MULTIHEAD,
+        "three_products", MULTIHEAD,
         "qkv_projection does three products with slices of w_qkv instead of one",
         score=12, failing=frozenset({"test_qkv_projection_hidden"}),
         edits={"qkv_projection": Replace(
@@ -122,7 +121,7 @@ def softmax_rows(x):
             "d = x.shape[-1]\n    qkv = torch.cat([x @ w_qkv[:, :d], x @ w_qkv[:, d:2 * d], "
             "x @ w_qkv[:, 2 * d:]], dim=-1) ")}),
     Submission(
-        "forgets_append", *KV_CACHE,
+        "forgets_append", KV_CACHE,
         "append returns the new rows but never stores them: every step attends to itself alone",
         score=0, failing=frozenset({"test_cache", "test_cache_hidden", "test_decode_step",
                                     "test_decode_step_hidden", "test_generate_cached",
@@ -132,7 +131,7 @@ def softmax_rows(x):
                                       "        return self.keys, self.values",
                                       "return k, v")}),
     Submission(
-        "recomputes_kv", *KV_CACHE,
+        "recomputes_kv", KV_CACHE,
         "generation starts from fresh caches at every step and runs the whole sequence again: the "
         "right tokens, but every old K and V is recomputed",
         score=10, failing=frozenset({"test_generate_cached_hidden"}),
@@ -152,7 +151,7 @@ def generate_cached(model, prompt, max_new_tokens):
 
 BROKEN = [
     Submission(
-        "raises", *ATTENTION,
+        "raises", ATTENTION,
         "the softmax cell raises (a name that does not exist), so softmax_rows is never defined and "
         "attention, which uses it, fails too",
         score=3, failing=frozenset({"test_softmax", "test_softmax_large_hidden",
@@ -160,12 +159,12 @@ BROKEN = [
                                     "test_attention_hidden"}),
         edits={"softmax_rows": Prepend("stable = make_stable(softmax)\n")}),
     Submission(
-        "loops_forever", *MATMUL,
+        "loops_forever", MATMUL,
         "a cell that never finishes before project is defined: interrupted at the cell timeout",
         score=9, failing=frozenset({"test_project", "test_project_hidden"}),
         edits={"project": Prepend("while True:\n    pass\n")}),
     Submission(
-        "allocates", *MULTIHEAD,
+        "allocates", MULTIHEAD,
         "merge_heads keeps allocating until memory runs out: MemoryError at the kernel's limit, "
         "not a dead machine",
         score=8, failing=frozenset({"test_merge_heads", "test_merge_heads_hidden",
@@ -174,7 +173,7 @@ BROKEN = [
             "*lead, h, n, d_head = x.shape",
             "hoard = []\n    while True:\n        hoard.append(torch.ones(2**24))")}),
     Submission(
-        "prints", *ATTENTION,
+        "prints", ATTENTION,
         "only softmax answered, but it prints megabytes (once when defined, 200 kB at every call); "
         "the output is cut short and the softmax points still count",
         score=5, failing=frozenset({"test_causal_mask", "test_causal_mask_hidden", "test_attention",
@@ -193,7 +192,7 @@ def softmax_rows(x):
     return exps / torch.where(total == 0, torch.ones_like(total), total)
 ''')}),
     Submission(
-        "tampered", *MATMUL,
+        "tampered", MATMUL,
         "no answers, but the test cells were emptied to 'pass' and one was deleted: grading puts "
         "the original tests back",
         score=0, failing=frozenset({"test_dot", "test_dot_hidden", "test_matmul",
@@ -204,7 +203,7 @@ def softmax_rows(x):
                "test_matmul": Source("pass"), "test_matmul_error": Source("assert True"),
                "test_matmul_hidden": Source("pass"), "test_project": Delete()}),
     Submission(
-        "kernel_dies", *KV_CACHE,
+        "kernel_dies", KV_CACHE,
         "the notebook kills its own kernel half-way: nbgrader cannot finish it, the grade is 0 and "
         "the run goes on",
         score=0, failing=frozenset({"test_cache", "test_cache_hidden", "test_decode_step",
