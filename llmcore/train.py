@@ -245,7 +245,6 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     generator = torch.Generator().manual_seed(config.seed)
     probe = spread(evaluation_windows(validation_tokens, config.max_seq_len), config.eval_windows)
     history = TrainHistory(loadavg_start=load_average())
-    recent: list[float] = []                              # the last RUNNING_STEPS losses
     wall, cpu = time.perf_counter(), time.process_time()
     bar = tqdm(range(config.steps), desc="training", unit="step", disable=not progress,
                dynamic_ncols=True, mininterval=1.0)
@@ -267,7 +266,7 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
         history.train_bits.append(bits)
         history.lr.append(lr)
         history.grad_norm.append(float(norm))
-        recent = (recent + [bits])[-RUNNING_STEPS:]
+        recent = history.train_bits[-RUNNING_STEPS:]
         running = sum(recent) / len(recent)
         bar.set_postfix(loss=f"{running:.3f} bits/byte", lr=f"{lr:.2e}", refresh=False)
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
