@@ -35,14 +35,15 @@ book: $(STAMP) book-cache
 
 # The same site with the solution notebooks included (for instructors; never publish it).
 book-instructor: $(STAMP) book-cache
-	$(BIN)/python tests/book_site.py instructor-toc _build/_toc_instructor.yml
+	$(BIN)/python -m course.site instructor-toc _build/_toc_instructor.yml
 	$(call strict_build,_build/instructor,--toc _build/_toc_instructor.yml)
 
-# The execution cache keys a chapter on its own code only, but chapters run llmcore: when the
-# package (or the shipped model) changes, every chapter must run again, so the cache is dropped.
+# The execution cache keys a chapter on its own code only, but chapters run llmcore and the
+# figures: when either (or the shipped model) changes, every chapter must run again, so the cache
+# is dropped. The grader, the benchmarks and the tests are not part of the key.
 book-cache:
 	@mkdir -p _build
-	@hash=$$(find llmcore -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
+	@hash=$$(find llmcore course/figures -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
 	    -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16); \
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
@@ -63,7 +64,7 @@ browser:
 	  else echo "note: chromium is not installed; the browser checks will be skipped"; fi; }
 
 bench: $(STAMP)
-	$(BIN)/python -m llmcore.bench
+	$(BIN)/python -m course.bench
 
 # JupyterLab on the course: chapters/*.md open as notebooks (jupytext).
 lab: $(STAMP) $(LAB_SETTINGS)
@@ -72,19 +73,19 @@ lab: $(STAMP) $(LAB_SETTINGS)
 # Train the shipped tiny model again from scratch (about 12 minutes on 2 idle CPU cores; on a
 # machine shared with other work, OMP_WAIT_POLICY=PASSIVE make train keeps the threads from spinning).
 train: $(STAMP)
-	$(BIN)/python -m llmcore.train
+	$(BIN)/python -m course.ship
 
 # Instructor: regenerate exercises/ (student notebooks) from solutions/.
 exercises: $(STAMP)
-	$(BIN)/python -m llmcore.grading release
+	$(BIN)/python -m course.grading release
 
 # Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
 check: $(STAMP)
-	$(BIN)/python -m llmcore.grading check $(NB)
+	$(BIN)/python -m course.grading check $(NB)
 
 # Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
 grade: $(STAMP)
-	$(BIN)/python -m llmcore.grading grade $(ARGS)
+	$(BIN)/python -m course.grading grade $(ARGS)
 
 clean:
 	rm -rf _build

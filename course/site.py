@@ -1,5 +1,9 @@
-"""What the book tests share: the pages of _toc.yml, their sources, and one strict build per
-test session (test_book.py, test_browser.py and test_notebooks.py all read from here).
+"""The site checks' shared part: the pages of _toc.yml, their sources, and one strict build per
+test session (tests/test_book.py, test_browser.py and test_notebooks.py all read from here).
+
+The course directory is the nearest folder, from the working directory up, that holds both
+``_config.yml`` and ``_toc.yml`` (``COURSE_DIR`` in the environment overrides it), never the place
+this module is installed.
 
 The build is the one ``make book`` runs, ``jupyter-book build . -W -n --keep-going``, into the
 same ``_build`` (so the execution cache is reused and only changed chapters run again), plus
@@ -19,7 +23,22 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_course_root(start: Path | None = None) -> Path:
+    """The course directory: ``$COURSE_DIR``, else the nearest of ``start`` (default: the working
+    directory) and its parents that holds ``_config.yml`` and ``_toc.yml``."""
+    if os.environ.get("COURSE_DIR"):
+        return Path(os.environ["COURSE_DIR"]).resolve()
+    start = (start or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / "_config.yml").is_file() and (folder / "_toc.yml").is_file():
+            return folder
+    raise FileNotFoundError(f"no course directory (a folder with _config.yml and _toc.yml) at "
+                            f"{start} or above it; run from the course or set COURSE_DIR")
+
+
+ROOT = find_course_root()
 CONFIG_FILE = ROOT / "_config.yml"
 TOC_FILE = ROOT / "_toc.yml"
 BUILD_DIR = ROOT / "_build"
@@ -276,7 +295,7 @@ def instructor_toc(toc_file: Path = TOC_FILE) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """``python tests/book_site.py instructor-toc [OUT]``: write the instructor's table of
+    """``python -m course.site instructor-toc [OUT]``: write the instructor's table of
     contents (default _build/_toc_instructor.yml) for ``jupyter-book build --toc OUT``."""
     if not argv or argv[0] != "instructor-toc" or len(argv) > 2:
         print(main.__doc__, file=sys.stderr)
@@ -288,7 +307,7 @@ def main(argv: list[str]) -> int:
         print(f"book-instructor: {error}", file=sys.stderr)
         return 1
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("# Generated from _toc.yml by tests/book_site.py: do not edit.\n"
+    out.write_text("# Generated from _toc.yml by python -m course.site: do not edit.\n"
                    + yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
     print(f"wrote {out}")
     return 0

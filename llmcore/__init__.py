@@ -17,7 +17,7 @@ from .model import GPT, GPTConfig
 from .multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
                         multihead_attention_qkv, qkv_projection)
 from .norm import layer_norm, layer_norm_loop
-from .memory_probe import peak_memory
+from .peak_memory import peak_memory
 from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
 from .parallel import shard_attention_weights, tensor_parallel_attention
 from .prefix import SharedPrefixCache

@@ -1,6 +1,6 @@
 """Pure-Python versions on nested lists of floats: the loops with nothing vectorised at all.
 
-They exist to be measured against (Chapter 2, ``python -m llmcore.bench``): every multiply-add is
+They exist to be measured against (Chapter 2, ``python -m course.bench``): every multiply-add is
 one Python bytecode round trip, which is what BLAS saves. Inputs are lists of rows (``x.tolist()``).
 """
 

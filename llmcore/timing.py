@@ -1,7 +1,7 @@
 """Measuring: how long a call takes, how many floating-point operations it does, and how
 that compares with what this machine's matrix unit can do at best.
 
-Used by ``python -m llmcore.bench`` and by the book's timing cells, so that every figure in the
+Used by ``python -m course.bench`` and by the book's timing cells, so that every figure in the
 course is measured the same way:
 
 * a warm-up call first (the first call pays for allocations, kernel choice, caches);

@@ -1,4 +1,4 @@
-"""``python -m llmcore.bench`` smoke-runs (``--quick``) and reports what it promises: every form's
+"""``python -m course.bench`` smoke-runs (``--quick``) and reports what it promises: every form's
 row, the ratios as numbers, the expectations' verdicts, the machine and its measured peak. Timings
 themselves are never asserted. Also the measuring helpers of llmcore.timing."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmcore.bench.__main__ import SECTIONS, main
+from course.bench.__main__ import SECTIONS, main
 from llmcore.shapes import causal_mask
 from llmcore.timing import (attention_flops, gflops, matmul_flops, matmul_peak_gflops, measure,
                             time_call)
@@ -49,7 +49,7 @@ RATIO = re.compile(r"^ratio (?P<label>.+?) \(.*\): (?P<value>[\d.]+)x(?:\s+expec
 
 @pytest.fixture(scope="module")
 def report() -> str:
-    done = subprocess.run([sys.executable, "-m", "llmcore.bench", "--quick", "--section", "ops",
+    done = subprocess.run([sys.executable, "-m", "course.bench", "--quick", "--section", "ops",
                            "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import re
 
-from llmcore.bench import inference
+from course.bench import inference
 
 
 def test_inference_section_reports_every_figure():

@@ -1,7 +1,7 @@
 """The book: the strict build of `make book` succeeds, every page of _toc.yml becomes a page of
 the site, nothing is fetched from the network, and nbgrader notebooks are never executed.
 
-The build runs once per session (tests/book_site.py) and test_browser.py reuses it.
+The build runs once per session (course/site.py) and test_browser.py reuses it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 import yaml
 from markdown_it import MarkdownIt
 
-import book_site
-from book_site import (HTML_DIR, ROOT, build_book, execution_excluded, html_of, is_remote,
+from course import site as book_site
+from course.site import (HTML_DIR, ROOT, build_book, execution_excluded, html_of, is_remote,
                        read_page, source_of, toc_pages)
 
 pytestmark = pytest.mark.slow

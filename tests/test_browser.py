@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from book_site import HTML_DIR, SCREENSHOT_DIR, build_book, html_of, read_page, toc_pages
+from course.site import HTML_DIR, SCREENSHOT_DIR, build_book, html_of, read_page, toc_pages
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""llmcore.figures.architecture: the shape table follows the config, matches a real model's
+"""course.figures.architecture: the shape table follows the config, matches a real model's
 tensors, and both views draw every shape of that table."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from llmcore.figures.architecture import (VIEWS, Shape, architecture_shapes,  # noqa: E402
+from course.figures.architecture import (VIEWS, Shape, architecture_shapes,  # noqa: E402
                                           architecture_sizes, plot_architecture)
 from llmcore.model import GPT, GPTConfig  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""llmcore.figures.dataflow: views are told from new memory by storage, shapes and shares are
+"""course.figures.dataflow: views are told from new memory by storage, shapes and shares are
 drawn as given, and bad input is refused with a message naming it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from llmcore.figures.dataflow import (NEW_COLOR, VIEW_COLOR, plot_data_flow,  # noqa: E402
+from course.figures.dataflow import (NEW_COLOR, VIEW_COLOR, plot_data_flow,  # noqa: E402
                                       plot_step_costs, step_shares, storage_kinds)
 from llmcore.shapes import merge_heads, split_heads  # noqa: E402
 

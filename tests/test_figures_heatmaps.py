@@ -1,4 +1,4 @@
-"""llmcore.figures.heatmaps: attention weights drawn as heatmaps, one panel per head."""
+"""course.figures.heatmaps: attention weights drawn as heatmaps, one panel per head."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from llmcore.figures.heatmaps import (MAX_TOKENS, check_weights, draw_heatmap,  # noqa: E402
+from course.figures.heatmaps import (MAX_TOKENS, check_weights, draw_heatmap,  # noqa: E402
                                       plot_attention, token_labels)
-from llmcore.probe import attention_matrix  # noqa: E402
+from llmcore.attention_probe import attention_matrix  # noqa: E402
 from llmcore.testing import randn  # noqa: E402
 
 

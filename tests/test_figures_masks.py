@@ -1,4 +1,4 @@
-"""llmcore.figures.masks: attention masks and padded batches drawn as grids of cells."""
+"""course.figures.masks: attention masks and padded batches drawn as grids of cells."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from llmcore.batching import pad_batch  # noqa: E402
-from llmcore.figures.masks import (ALLOWED_COLOR, FUTURE_COLOR, PADDING_COLOR, MAX_SIDE,  # noqa: E402
+from course.figures.masks import (ALLOWED_COLOR, FUTURE_COLOR, PADDING_COLOR, MAX_SIDE,  # noqa: E402
                                    check_mask, draw_mask, plot_masks, plot_padded_batch)
 from llmcore.layout import contiguous_layout  # noqa: E402
 from llmcore.shapes import causal_mask  # noqa: E402

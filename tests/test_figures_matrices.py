@@ -1,4 +1,4 @@
-"""llmcore.figures.matrices: small matrices drawn as coloured grids holding their numbers."""
+"""course.figures.matrices: small matrices drawn as coloured grids holding their numbers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from llmcore.figures.matrices import (HEAD_COLORS, MASKED_COLOR, MAX_SIDE, draw_matrix,  # noqa: E402
+from course.figures.matrices import (HEAD_COLORS, MASKED_COLOR, MAX_SIDE, draw_matrix,  # noqa: E402
                                       group_of_each, plot_matrices)
 
 

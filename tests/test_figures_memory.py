@@ -1,4 +1,4 @@
-"""llmcore.figures.memory: storage offsets follow the strides, and the figure shows them."""
+"""course.figures.memory: storage offsets follow the strides, and the figure shows them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from llmcore.figures.memory import (MAX_ELEMENTS, plot_layout, storage_offsets,  # noqa: E402
+from course.figures.memory import (MAX_ELEMENTS, plot_layout, storage_offsets,  # noqa: E402
                                     storage_values)
 
 

@@ -1,4 +1,4 @@
-"""llmcore.figures.paging: block tables, the pool, reservations and the serving timeline are drawn
+"""course.figures.paging: block tables, the pool, reservations and the serving timeline are drawn
 from the data they are given, and bad input is refused with a message naming it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from llmcore import GPT, PagedKVCache, Request, serve  # noqa: E402
-from llmcore.figures.paging import (SHARED_COLOR, check_block_tables, colors_for,  # noqa: E402
+from course.figures.paging import (SHARED_COLOR, check_block_tables, colors_for,  # noqa: E402
                                     plot_block_tables, plot_paged_cache, plot_reservations,
                                     plot_timeline, reserved_slots)
 from llmcore.serving import StepRecord  # noqa: E402

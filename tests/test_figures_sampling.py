@@ -1,4 +1,4 @@
-"""llmcore.figures.sampling: the bars show the probabilities they were given, over the same
+"""course.figures.sampling: the bars show the probabilities they were given, over the same
 tokens in every panel, and bad input is refused with a message that names it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from llmcore.figures.sampling import (REST_LABEL, check_distribution,  # noqa: E402
+from course.figures.sampling import (REST_LABEL, check_distribution,  # noqa: E402
                                       entropy_bits, plot_distributions, printable,
                                       shown_tokens)
 from llmcore.tokenizer import decode  # noqa: E402

@@ -1,4 +1,4 @@
-"""llmcore.figures.timing: the figures show the series they were given, and bad input is refused."""
+"""course.figures.timing: the figures show the series they were given, and bad input is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from llmcore.figures.timing import (check_series, plot_gflops, plot_series,  # noqa: E402
+from course.figures.timing import (check_series, plot_gflops, plot_series,  # noqa: E402
                                     plot_times, plot_timings, throughput)
 from llmcore.timing import matmul_flops  # noqa: E402
 

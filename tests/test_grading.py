@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import llmcore
 import llmcore.reference
-from llmcore import grading
-from llmcore.grading import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
+from course import grading
+from llmcore.calls import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
                              watch_torch_calls)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,8 +107,8 @@ def test_watch_torch_calls_counts_products_and_rows():
     assert y.shape == (5, 6) and z.shape == (3, 6)
 
 
-def test_importing_llmcore_does_not_import_nbgrader():
-    code = ("import sys, llmcore, llmcore.grading; "
+def test_importing_llmcore_or_the_grader_does_not_import_nbgrader():
+    code = ("import sys, llmcore, llmcore.calls, course.grading; "
             "assert not [m for m in sys.modules if m.startswith('nbgrader')], 'nbgrader imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -169,7 +169,7 @@ def test_committed_exercises_equal_a_fresh_release(tmp_path):
 # ------------------------------------------------------------------------------------------------
 
 def _check(notebook: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmcore.grading", "check", str(notebook),
+    return subprocess.run([sys.executable, "-m", "course.grading", "check", str(notebook),
                            "--timeout", "60"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
 
@@ -206,7 +206,7 @@ def test_check_reports_a_notebook_it_cannot_run(tmp_path):
 
 
 def test_check_refuses_a_missing_notebook():
-    done = subprocess.run([sys.executable, "-m", "llmcore.grading", "check", "no/such.ipynb"],
+    done = subprocess.run([sys.executable, "-m", "course.grading", "check", "no/such.ipynb"],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and "no notebook at no/such.ipynb" in done.stderr
 
@@ -367,7 +367,7 @@ def test_grading_again_keeps_every_grade(graded):
     _submit(course, "late", "01_matmul", _submission("01_matmul", answered=True))
     grades = course / "second.csv"
     done = subprocess.run(
-        [sys.executable, "-m", "llmcore.grading", "grade", "--course-dir", str(course),
+        [sys.executable, "-m", "course.grading", "grade", "--course-dir", str(course),
          "--gradebook", str(gradebook), "--csv", str(grades), "--timeout", str(CELL_TIMEOUT),
          "--no-feedback"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr

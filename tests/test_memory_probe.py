@@ -1,4 +1,4 @@
-"""llmcore.memory_probe: peak_memory sees allocations of known size, reports the peak (not the
+"""llmcore.peak_memory: peak_memory sees allocations of known size, reports the peak (not the
 total) of what a call holds at once, ignores the inputs that existed before, and names bad input."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.memory_probe import peak_memory
+from llmcore.peak_memory import peak_memory
 
 MIB = 2**20
 

@@ -2,7 +2,7 @@
 kernel, and JupyterLab (as `make lab` starts it) opens the `.md` chapters as notebooks through
 jupytext, and saves them back unchanged.
 
-Every page of _toc.yml that the book executes is covered (tests/book_site.py reads the toc).
+Every page of _toc.yml that the book executes is covered (course/site.py reads the toc).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Iterator
 import jupytext
 import pytest
 
-import book_site
-from book_site import ROOT, cell_timeout_s, executed_pages, source_of, tool, tool_env
+from course import site as book_site
+from course.site import ROOT, cell_timeout_s, executed_pages, source_of, tool, tool_env
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ from llmcore.model import GPT
 from llmcore.pretrained import (DEFAULT_MODEL, available, load_pretrained, load_tokenizer,
                                 pretrained_dir, pretrained_info)
 from llmcore.tokenizer import ByteTokenizer, decode, encode_tensor
-from llmcore.train import evaluate_bits_per_byte, evaluation_windows, model_card
+from course.ship import model_card
+from llmcore.train import evaluate_bits_per_byte, evaluation_windows
 
 MAX_WEIGHTS_BYTES = 8 * 10 ** 6
 

@@ -1,4 +1,4 @@
-"""llmcore.probe: recomputed attention weights must be the ones the model itself uses."""
+"""llmcore.attention_probe: recomputed attention weights must be the ones the model itself uses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from llmcore import reference
 from llmcore.attention import attention
 from llmcore.model import GPT
 from llmcore.multihead import qkv_projection
-from llmcore.probe import attention_matrix, attention_weights
+from llmcore.attention_probe import attention_matrix, attention_weights
 from llmcore.shapes import merge_heads
 from llmcore.testing import randn
 

@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from llmcore import testing
 from llmcore.attention import attention
-from llmcore.memory_probe import peak_memory
+from llmcore.peak_memory import peak_memory
 from llmcore.softmax import softmax
 from llmcore.tiled import online_softmax, online_softmax_loop, online_softmax_step, tiled_attention
 

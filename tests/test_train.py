@@ -1,20 +1,15 @@
 """llmcore.train without the full run: the learning-rate schedule, batches and evaluation windows,
-a short training run on a tiny config that lowers the loss and repeats exactly under its seed,
-and the command line end to end on a tiny config (files written, and loadable)."""
+and a short training run on a tiny config that lowers the loss and repeats exactly under its seed
+(the command that writes a model folder is course.ship: tests/test_ship.py)."""
 
 from __future__ import annotations
-
-import json
-import math
 
 import pytest
 import torch
 
-from llmcore.corpus import load_corpus
 from llmcore.model import GPT
-from llmcore.pretrained import load_pretrained, pretrained_info
 from llmcore.train import (TrainConfig, evaluate_bits_per_byte, evaluation_windows,
-                           learning_rate, main, next_byte_loss, random_batch, spread, train)
+                           learning_rate, next_byte_loss, random_batch, spread, train)
 
 TINY_RUN = dict(d_model=32, n_layers=2, n_heads=2, max_seq_len=24, batch_size=8, steps=60,
                 lr=1e-2, warmup_steps=6, eval_every=20, eval_windows=16)
@@ -123,31 +118,3 @@ def test_a_run_repeats_exactly_under_its_seed():
     other = train(TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6, "seed": 1}),
                   tokens, tokens, progress=False)[1]
     assert other.train_bits != a.train_bits
-
-
-def test_command_line_writes_a_loadable_model_folder(tmp_path, capsys):
-    out = tmp_path / "run"
-    flags = {"--d-model": 24, "--n-layers": 1, "--n-heads": 3, "--max-seq-len": 40,
-             "--batch-size": 4, "--steps": 8, "--warmup-steps": 2, "--eval-every": 4,
-             "--eval-windows": 4, "--threads": 1}
-    argv = [str(x) for kv in flags.items() for x in kv] + ["--out", str(out), "--no-progress"]
-    metrics = main(argv)
-    printed = capsys.readouterr().out
-    for name in ("config.json", "model.safetensors", "metrics.json", "loss_curve.png",
-                 "validation_slice.txt", "MODEL_CARD.md", "DATA_CARD.md"):
-        assert (out / name).is_file(), name
-    assert json.loads((out / "metrics.json").read_text()) == metrics
-    assert "greedy" in printed and "baselines on the validation split" in printed
-    corpus = load_corpus()
-    assert metrics["corpus"] == corpus.summary()
-    assert metrics["model"]["d_model"] == 24 and metrics["training"]["steps"] == 8
-    assert metrics["weights_dtype"] == "float32"                 # small enough to store as is
-    model = load_pretrained(out)                              # the folder loads, hash checked
-    assert model.dtype == torch.float32 and model.config.max_seq_len == 40
-    assert pretrained_info(out)["validation"]["bits_per_byte"] == \
-        pytest.approx(metrics["validation"]["bits_per_byte"])
-    card = (out / "MODEL_CARD.md").read_text()
-    assert f"{metrics['validation']['bits_per_byte']:.3f}" in card
-    assert f"{metrics['baselines']['bigram_bits_per_byte']:.3f}" in card
-    assert "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2" in (out / "DATA_CARD.md").read_text()
-    assert math.isfinite(metrics["fixed_slice"]["bits_per_byte"])

@@ -1,4 +1,4 @@
-"""``python -m llmcore.bench [--quick] [--section NAME ...] [--device cpu|cuda] [--threads N]``.
+"""``python -m course.bench [--quick] [--section NAME ...] [--device cpu|cuda] [--threads N]``.
 
 Runs the sections in :data:`SECTIONS` in order and writes their tables to standard output. A
 section is a ``(name, run)`` pair where ``run(out, *, quick, device)`` writes its report to the
@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 import torch
 
-from ..device import load_average, pick_device, usable_cores
+from llmcore.device import load_average, pick_device, usable_cores
 from . import inference, ops
 
 Section = Callable[..., None]
@@ -29,7 +29,7 @@ SECTIONS: list[tuple[str, Section]] = [
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     names = [name for name, _ in SECTIONS]
     parser = argparse.ArgumentParser(
-        prog="python -m llmcore.bench",
+        prog="python -m course.bench",
         description="Measure what each reformulation buys: loops vs NumPy vs torch matrices.")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes: a smoke run of a few seconds, not a measurement")

@@ -20,12 +20,12 @@ from typing import TextIO
 
 import torch
 
-from ..device import describe_machine
-from ..generate import generate
-from ..kvcache import KVCache, kv_bytes_per_token
-from ..model import GPT, GPTConfig
-from ..paged import PagedKVCache
-from ..timing import time_call
+from llmcore.device import describe_machine
+from llmcore.generate import generate
+from llmcore.kvcache import KVCache, kv_bytes_per_token
+from llmcore.model import GPT, GPTConfig
+from llmcore.paged import PagedKVCache
+from llmcore.timing import time_call
 from .ops import format_seconds, write_ratio
 
 NAME = "inference"

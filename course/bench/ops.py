@@ -25,12 +25,12 @@ from typing import Callable, TextIO
 import numpy as np
 import torch
 
-from .. import reference
-from ..attention import attention, attention_loop
-from ..device import describe_machine
-from ..matmul import linear, linear_loop, matmul_loop
-from ..scalar import attention_scalar, matmul_scalar
-from ..timing import attention_flops, gflops, matmul_flops, matmul_peak_gflops, time_call
+from llmcore import reference
+from llmcore.attention import attention, attention_loop
+from llmcore.device import describe_machine
+from llmcore.matmul import linear, linear_loop, matmul_loop
+from llmcore.scalar import attention_scalar, matmul_scalar
+from llmcore.timing import attention_flops, gflops, matmul_flops, matmul_peak_gflops, time_call
 
 NAME = "ops"
 

@@ -13,7 +13,7 @@ Both views are drawn from :func:`architecture_shapes`, a table of every tensor's
 symbols and (when a config is given) in numbers, so a chapter can also assert the real tensors
 of a model against the very shapes the figure shows::
 
-    from llmcore.figures.architecture import architecture_shapes, plot_architecture
+    from course.figures.architecture import architecture_shapes, plot_architecture
     plot_architecture(config, n=5)                       # chapter 1: lists of vectors
     plot_architecture(config, n=5, view="matrices")      # chapter 5: matrices
     shapes = architecture_shapes(config, n=5)

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch
 from torch import Tensor
 
-from ..shapes import check_tensor, format_shape
+from llmcore.shapes import check_tensor, format_shape
 
 VIEW_COLOR = "#cfe3f3"
 """A tensor that reads memory an earlier tensor owns: no data moved to make it."""

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from ..paged import block_fill, block_owners
+from llmcore.paged import block_fill, block_owners
 
 SHARED_COLOR = "#9a9a9a"
 """Filled slots of a block that several sequences list (a shared prefix block)."""

@@ -5,7 +5,7 @@ token, non-negative and summing to 1: a softmax of one row of logits, possibly d
 temperature or cut to the top k first. Several of them for the same logits are drawn side by side
 over the same tokens, so that the eye can follow one token's probability from panel to panel::
 
-    from llmcore.figures.sampling import plot_distributions
+    from course.figures.sampling import plot_distributions
     plot_distributions({"T = 0.5": p_cold, "T = 1": p, "T = 2": p_hot}, labels, top=10)
 
 * :func:`check_distribution` validates one distribution and returns it as float64 NumPy.
@@ -106,7 +106,7 @@ def plot_distributions(distributions: Mapping[str, object], labels: Sequence[str
 
     distributions: panel title -> probabilities (v,), every one over the same v tokens.
     labels: v tick labels, one per token id (e.g. from
-    :func:`llmcore.figures.heatmaps.token_labels`). top: how many tokens to show, chosen by
+    :func:`course.figures.heatmaps.token_labels`). top: how many tokens to show, chosen by
     :func:`shown_tokens` on the ``reference`` distribution (default: the first); a last bar,
     "others", holds the probability of every token not shown, so each panel's bars sum to 1.
     Each panel's title gains the distribution's entropy. ncols: panels per row (default: all in

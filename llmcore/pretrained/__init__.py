@@ -11,7 +11,7 @@ The package carries the checkpoint as package data, one folder per model::
 ``load_pretrained()`` finds the folder with ``importlib.resources`` (so it works after
 ``pip install``, from any working directory), checks the weights file against the SHA-256
 recorded at training time, and returns an :class:`llmcore.model.GPT` in float32 and eval mode.
-Nothing here touches the network. ``python -m llmcore.train --ship`` makes the folder.
+Nothing here touches the network. ``python -m course.ship --ship`` makes the folder.
 Chapter 5.
 """
 
@@ -42,7 +42,7 @@ def available() -> list[str]:
 
 def pretrained_dir(name: str | os.PathLike = DEFAULT_MODEL) -> Path:
     """The folder of a shipped model (by name), or a folder given as a path (e.g. what
-    ``python -m llmcore.train`` wrote under runs/), checked to hold a checkpoint."""
+    ``python -m course.ship`` wrote under runs/), checked to hold a checkpoint."""
     if isinstance(name, os.PathLike) or (isinstance(name, str) and os.sep in name):
         folder = Path(name)
     elif isinstance(name, str):

@@ -1,0 +1,86 @@
+"""The grader's command line: ``python -m course.grading {release,check,grade}``, and the
+entry points ``course-release``, ``course-check`` (learners) and ``course-grade`` (instructors)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .check import check, format_report
+from .grade import grade
+from .release import release
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course.grading",
+        description="Release, check and grade the course's nbgrader exercises.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("release",
+                            help="generate exercises/ (student notebooks) from solutions/")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
+    p.add_argument("--release-dir", default=None,
+                   help="write here instead of the course's exercises/")
+
+    p = commands.add_parser("check", help="run a notebook and print each visible test's result")
+    p.add_argument("notebook",
+                   help="path to an .ipynb (for example exercises/01_matmul/matmul.ipynb)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
+
+    p = commands.add_parser("grade", help="grade submitted/<student>/<assignment>/ (autograde, "
+                                          "feedback HTML, grades CSV)")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
+    p.add_argument("--gradebook", default=None,
+                   help="sqlite gradebook (default: COURSE/gradebook.db)")
+    p.add_argument("--csv", default=None, help="grades file (default: COURSE/grades.csv)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
+    p.add_argument("--assignment", action="append", default=None,
+                   help="grade only this assignment (repeatable; default: all)")
+    p.add_argument("--force", action="store_true", help="grade again what was graded before")
+    p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show nbgrader's warnings and errors")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "release":
+            for path in release(args.course_dir, release_dir=args.release_dir):
+                print(f"wrote {path}")
+            return 0
+        if args.command == "check":
+            report = check(args.notebook, timeout=args.timeout)
+            print(format_report(report))
+            return 0 if report.ok else 1
+        rows = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
+                     timeout=args.timeout, force=args.force, assignments=args.assignment,
+                     feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
+                     verbose=args.verbose)
+        width = max([len(r.student) for r in rows] + [7])
+        for r in rows:
+            print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} "
+                  f"{r.status}")
+        course = Path(args.course_dir).resolve()
+        print(f"grades: {Path(args.csv) if args.csv else course / 'grades.csv'}; "
+              f"feedback: {course / 'feedback'}")
+        return 0
+    except (FileNotFoundError, RuntimeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def release_main() -> None:
+    """``course-release [--course-dir DIR]``."""
+    sys.exit(main(["release", *sys.argv[1:]]))
+
+
+def check_main() -> None:
+    """``course-check NOTEBOOK``."""
+    sys.exit(main(["check", *sys.argv[1:]]))
+
+
+def grade_main() -> None:
+    """``course-grade [--course-dir DIR] [--force] ...``."""
+    sys.exit(main(["grade", *sys.argv[1:]]))

@@ -1,0 +1,125 @@
+"""Execution limits for a notebook's kernel: memory, preloaded modules, output per cell.
+
+:func:`bounded_execute` builds nbgrader's Execute preprocessor with those limits (on first use, so
+that importing this module does not import nbgrader); the learner's check and the instructor's
+grade both run notebooks with it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+def _memory_limit_code(megabytes: int) -> str:
+    limit = megabytes * 2**20
+    return ("import resource as _resource\n"
+            "try:\n"
+            f"    _resource.setrlimit(_resource.RLIMIT_DATA, ({limit}, {limit}))\n"
+            "except (ValueError, OSError):\n"
+            "    pass\n"
+            "del _resource\n")
+
+
+@functools.cache
+def bounded_execute() -> type:
+    """nbgrader's Execute preprocessor with a memory limit, preloaded modules and an output cap
+    (built on first use, so that importing course.grading does not import nbgrader)."""
+    from jupyter_core.utils import run_sync
+    from nbformat.v4 import new_output
+    from nbgrader.preprocessors import Execute
+    from traitlets import Integer, List, Unicode
+
+    class BoundedExecute(Execute):
+        """Execute, where each kernel gets a memory limit and preloaded modules, and each cell
+        keeps at most max_output_chars of output (an error and the first stderr are always
+        kept, shortened, because they decide the cell's grade)."""
+
+        memory_limit_mb = Integer(
+            2048, help="Memory (RLIMIT_DATA) a notebook's kernel may allocate, in MiB; 0: no "
+                       "limit. Past it, allocations raise MemoryError instead of the machine "
+                       "running out.").tag(config=True)
+        max_output_chars = Integer(
+            20_000, help="Characters of output a cell keeps; the rest is dropped while the "
+                         "cell runs.").tag(config=True)
+        preload = List(
+            Unicode(), ["torch", "llmcore"],
+            help="Modules imported when the kernel starts (before any cell, outside the cell "
+                 "timeout), so that a slow first import is never mistaken for a hung "
+                 "cell.").tag(config=True)
+
+        def _kernel_code(self) -> str:
+            code = ""
+            if self.memory_limit_mb > 0:
+                try:
+                    import resource  # noqa: F401  (POSIX only)
+                    code += _memory_limit_code(self.memory_limit_mb)
+                except ImportError:
+                    pass
+            for name in self.preload:
+                code += f"import {name} as _preloaded\ndel _preloaded\n"
+            return code
+
+        async def async_start_new_kernel(self, **kwargs):
+            code = self._kernel_code()
+            extra = [a for a in self.extra_arguments
+                     if not a.startswith(("--IPKernelApp.exec_lines", "--IPKernelApp.log_level"))]
+            extra.append("--IPKernelApp.log_level=ERROR")     # no start-up chatter on stderr
+            if code:
+                extra.append(f"--IPKernelApp.exec_lines={code}")
+            self.extra_arguments = extra
+            await super().async_start_new_kernel(**kwargs)
+
+        start_new_kernel = run_sync(async_start_new_kernel)
+
+        def preprocess(self, nb, resources=None, km=None):
+            self._kept: dict[int, int] = {}
+            self._stderr_kept: set[int] = set()
+            self._truncated: set[int] = set()
+            return super().preprocess(nb, resources, km)
+
+        def output(self, outs, msg, display_id, cell_index):
+            out = super().output(outs, msg, display_id, cell_index)
+            if out is None:
+                return None
+            cap = self.max_output_chars
+            kept = self._kept.get(cell_index, 0)
+            size = _output_size(out)
+            if cap < 0 or kept + size <= cap:
+                self._kept[cell_index] = kept + size
+                if out.get("name") == "stderr":
+                    self._stderr_kept.add(cell_index)
+                return out
+            room = max(cap - kept, 0)
+            needed = (out.output_type in ("error", "execute_result")
+                      or (out.output_type == "stream" and out.name == "stderr"
+                          and cell_index not in self._stderr_kept))
+            if out.output_type == "stream" and (room > 0 or needed):
+                out.text = out.text[:max(room, 200)]
+                if out.name == "stderr":
+                    self._stderr_kept.add(cell_index)
+            elif out.output_type == "error":
+                out.evalue = out.evalue[:2000]
+                out.traceback = [line[:2000] for line in out.traceback[-40:]]
+            elif out.output_type == "execute_result":       # a partial-credit value: keep it short
+                out.data = {key: value[:2000] if isinstance(value, str) else value
+                            for key, value in out.data.items()}
+            elif not needed and outs and outs[-1] is out:
+                outs.pop()
+            self._kept[cell_index] = cap
+            if cell_index not in self._truncated:
+                self._truncated.add(cell_index)
+                outs.append(new_output("stream", name="stdout",
+                                       text=f"\n[output truncated by the grader after {cap} "
+                                            "characters]\n"))
+            return out
+
+    return BoundedExecute
+
+
+def _output_size(out) -> int:
+    if out.output_type == "stream":
+        return len(out.text)
+    if out.output_type == "error":
+        return len(out.evalue) + sum(len(line) for line in out.traceback)
+    data = out.get("data", {})
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
+

@@ -1,0 +1,166 @@
+"""Running nbgrader's own applications for a course directory.
+
+The course directory comes from an argument or the working directory (as nbgrader's commands do),
+never from where this package is installed. nbgrader is imported only when a function runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+from .limits import bounded_execute
+
+CONFIG_NAME = "nbgrader_config.py"
+
+
+def _prepare_environment() -> None:
+    """Put this interpreter's bin directory first on PATH: nbgrader runs ``alembic`` for a new
+    gradebook, and the ``python3`` kernel spec starts ``python`` from PATH.
+
+    Also skips one optional import: nbformat imports jsonschema, which tries rfc3987_syntax (an
+    "iri" format checker that no notebook uses) and that package builds a parser at import, about
+    2.5 s of CPU for every command. jsonschema does without it (``suppress(ImportError)``)."""
+    sys.modules.setdefault("rfc3987_syntax", None)
+    bin_dir = os.path.dirname(sys.executable)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if parts[:1] != [bin_dir]:
+        os.environ["PATH"] = os.pathsep.join([bin_dir, *[p for p in parts if p != bin_dir]])
+
+
+def find_config(start: Path) -> Path | None:
+    """The nbgrader_config.py of the course that holds ``start``: the nearest one in start or
+    its parents (None if there is none: nbgrader's defaults apply)."""
+    start = start.resolve()
+    for folder in [start, *start.parents] if start.is_dir() else list(start.parents):
+        if (folder / CONFIG_NAME).is_file():
+            return folder / CONFIG_NAME
+    return None
+
+
+def course_config(course_dir: str | os.PathLike = ".", *,
+                  gradebook: str | os.PathLike | None = None, timeout: int | None = None,
+                  config_file: str | os.PathLike | None = None):
+    """The nbgrader configuration for a course directory, as a traitlets ``Config``.
+
+    Reads nbgrader_config.py (``config_file``, else the course's, else the repository's), then sets
+    the course root to ``course_dir``, the gradebook (default ``course_dir/gradebook.db``), the
+    cell timeout if given, and the grader's bounded Execute preprocessor.
+    """
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    course = Path(course_dir).resolve()
+    path = Path(config_file).resolve() if config_file else find_config(course)
+    config = Config()
+    if path is not None:
+        config.merge(PyFileConfigLoader(path.name, path=str(path.parent)).load_config())
+    config.CourseDirectory.root = str(course)
+    book = Path(gradebook).resolve() if gradebook else course / "gradebook.db"
+    config.CourseDirectory.db_url = f"sqlite:///{book}"
+    if timeout is not None:
+        config.Execute.timeout = int(timeout)
+    bounded = bounded_execute()
+    defaults = Autograde.class_traits()["autograde_preprocessors"].default()
+    config.Autograde.autograde_preprocessors = [bounded if p is Execute else p for p in defaults]
+    return config
+
+
+def _course_directory(config, **attrs):
+    from nbgrader.coursedir import CourseDirectory
+    coursedir = CourseDirectory(config=config)
+    for name, value in attrs.items():
+        setattr(coursedir, name, value)
+    return coursedir
+
+
+class _LogRecords(logging.Handler):
+    """Keeps a converter's log records (level, message) for failure reasons and --verbose."""
+
+    def __init__(self):
+        super().__init__(level=logging.INFO)
+        self.records: list[tuple[int, str]] = []
+
+    def emit(self, record):
+        with contextlib.suppress(Exception):
+            self.records.append((record.levelno, record.getMessage()))
+
+    def errors(self) -> str:
+        """The ERROR (and worse) messages, one per line."""
+        return "\n".join(m for level, m in self.records if level >= logging.ERROR)
+
+
+@contextlib.contextmanager
+def _quiet_gradebook() -> Iterator[None]:
+    """Silence two harmless warnings of nbgrader 0.9 with today's libraries: its gradebook makes
+    SQLAlchemy 2 warn "... not in session, add operation ... will not proceed" while it creates a
+    submission (which it then adds: nothing is lost), and a test cell it puts back into a
+    submission has no cell id (nbformat gives it one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not in session.*")
+        warnings.filterwarnings("ignore", message="Cell is missing an id field")
+        yield
+
+
+def _run_converter(app) -> _LogRecords:
+    """Start an nbgrader converter; return its log. nbgrader raises at the end of a run in which
+    some submissions failed (after grading all the others): that is reported, not raised."""
+    from nbgrader.converters.base import NbGraderException
+    records = _LogRecords()
+    app.log.addHandler(records)
+    old_level = app.log.level
+    app.log.setLevel(logging.INFO)
+    try:
+        with _quiet_gradebook():
+            app.start()
+    except NbGraderException:
+        pass
+    finally:
+        app.log.removeHandler(records)
+        app.log.setLevel(old_level)
+    return records
+
+
+def assignments_in(folder: Path) -> list[str]:
+    """Assignment names: the sub-folders of ``folder`` that hold at least one notebook."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir()
+                  if p.is_dir() and not p.name.startswith((".", "_")) and any(p.glob("*.ipynb")))
+
+
+
+def _generate_assignment(config, coursedir, *, no_database: bool,
+                         failure: str) -> tuple[_LogRecords, list[Path]]:
+    """nbgrader generate_assignment of ``coursedir.assignment_id`` into its release directory;
+    returns the log and the notebooks written, or raises RuntimeError(failure + nbgrader's errors)
+    when it wrote none."""
+    from nbgrader.converters import GenerateAssignment
+    app = GenerateAssignment(coursedir=coursedir, config=config)
+    app.force = True
+    app.no_database = no_database
+    records = _run_converter(app)
+    folder = Path(coursedir.root) / coursedir.release_directory / coursedir.assignment_id
+    notebooks = sorted(folder.glob("*.ipynb"))
+    if not notebooks:
+        raise RuntimeError(f"{failure}:\n{records.errors()}")
+    return records, notebooks
+
+
+
+def _last_error_line(text: str) -> str:
+    from nbconvert.filters import strip_ansi
+    lines = [line.rstrip() for line in strip_ansi(text).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^\w*(Error|Exception|Interrupt|Exit)\b", line.strip()):
+            return line.strip()
+    return lines[-1].strip() if lines else "failed"
+
