@@ -16,7 +16,8 @@ from torch import Tensor
 
 from .cache import Cache
 from .kvcache import KVCache
-from .shapes import NEG_INF, check_shape, check_tensor
+from .masks import NEG_INF
+from .shapes import check_shape, check_tensor
 from .softmax import softmax
 
 

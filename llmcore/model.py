@@ -24,9 +24,9 @@ from .cache import Cache
 from .ffn import ffn
 from .layout import Layout, check_attention_mask, contiguous_layout
 from .matmul import linear
-from .multihead import head_sizes, qkv_projection
+from .multihead import head_sizes, merge_heads, qkv_projection
 from .norm import LN_EPS, layer_norm
-from .shapes import check_shape, check_tensor, merge_heads
+from .shapes import check_shape, check_tensor
 
 INIT_STD = 0.02
 """Standard deviation of GPT-2's initial weights; residual output projections get

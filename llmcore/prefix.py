@@ -19,7 +19,7 @@ from torch import Tensor
 from .attention import attention_scores, weighted_values
 from .kvcache import KVCache
 from .layout import Layout, contiguous_layout
-from .shapes import causal_mask, mask_bias
+from .masks import causal_mask, mask_bias
 from .softmax import softmax
 
 
