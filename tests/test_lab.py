@@ -1,0 +1,101 @@
+"""The learner's JupyterLab has no nbgrader instructor tools; the instructor's keeps them.
+
+Checked three ways: the extension lists Jupyter itself prints under each profile's configuration
+(``jupyter labextension list``, ``jupyter server extension list``), a running server of each
+profile (the formgrader's pages answer only for the instructor; the page configuration that the
+browser loads names the disabled plugins), and, where Chromium is installed, the lab in a real
+browser (the Nbgrader menu and the notebook toolbar as a learner sees them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from conftest import running_lab
+from course.lab import (INSTRUCTOR_LAB_PLUGINS, INSTRUCTOR_SERVER_EXTENSIONS, PROFILES,
+                        write_profile)
+from course.site import BUILD_DIR, ROOT, tool, tool_env
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LEARNER_SERVER_EXTENSIONS = ("nbgrader.server_extensions.validate_assignment",
+                             "nbgrader.server_extensions.assignment_list")
+"""What the learner's Validate button and assignment list need: they stay enabled."""
+
+
+def jupyter_listing(profile: str, tmp_path, *args: str) -> str:
+    env = {**tool_env(), "JUPYTER_CONFIG_DIR": str(write_profile(profile, tmp_path / profile))}
+    done = subprocess.run([tool("jupyter"), *args], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    assert done.returncode == 0, done.stdout
+    return ANSI.sub("", done.stdout)
+
+
+def effective_server_extensions(listing: str) -> dict[str, bool]:
+    """The state of each server extension, from ``jupyter server extension list``: the listing
+    goes through the configuration folders from the highest priority down (JUPYTER_CONFIG_DIR
+    first), and the first folder that names an extension decides it."""
+    state: dict[str, bool] = {}
+    for name, value in re.findall(r"^\s{4}(\S+) (enabled|disabled)\s*$", listing, re.M):
+        state.setdefault(name, value == "enabled")
+    return state
+
+
+def test_learner_lab_extension_list_disables_the_instructor_plugins(tmp_path):
+    listing = jupyter_listing("learner", tmp_path, "labextension", "list")
+    assert re.search(r"@jupyter/nbgrader v[\d.]+ enabled OK", listing), listing
+    disabled = listing.split("Disabled extensions:")[-1] if "Disabled extensions:" in listing \
+        else ""
+    for plugin in INSTRUCTOR_LAB_PLUGINS:
+        assert plugin in disabled, f"{plugin} is not disabled for learners:\n{listing}"
+    assert "validate-assignment" not in disabled and "assignment-list" not in disabled
+
+
+def test_instructor_lab_extension_list_keeps_every_plugin(tmp_path):
+    listing = jupyter_listing("instructor", tmp_path, "labextension", "list")
+    assert "@jupyter/nbgrader:" not in listing.split("Disabled extensions:")[-1] \
+        if "Disabled extensions:" in listing else True, listing
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_server_extension_list_per_profile(tmp_path, profile):
+    listing = jupyter_listing(profile, tmp_path, "server", "extension", "list")
+    state = effective_server_extensions(listing)
+    for name in INSTRUCTOR_SERVER_EXTENSIONS:
+        assert state.get(name) is (profile == "instructor"), f"{name}: {state.get(name)}"
+    for name in LEARNER_SERVER_EXTENSIONS:
+        assert state.get(name) is True, f"{name} must stay enabled for the {profile}"
+
+
+@pytest.fixture(scope="module", params=PROFILES)
+def lab(request):
+    BUILD_DIR.mkdir(exist_ok=True)
+    with running_lab(request.param, BUILD_DIR / f"jupyterlab-{request.param}.log") as server:
+        yield request.param, server
+
+
+@pytest.mark.slow
+def test_running_lab_serves_the_instructor_tools_only_to_instructors(lab):
+    profile, server = lab
+    instructor = profile == "instructor"
+    for path in ("/formgrader/api/status", "/formgraders"):        # formgrader, course list
+        status = server.status(path)
+        assert (status != 404) is instructor, f"{profile}: GET {path} -> {status}"
+    for path in ("/assignments/validate", "/assignments"):        # Validate button, assignments
+        status = server.status(path)
+        assert status != 404, f"{profile}: GET {path} -> {status}: the learner needs it"
+
+
+@pytest.mark.slow
+def test_lab_page_tells_the_browser_which_plugins_are_off(lab):
+    profile, server = lab
+    page = server.text("/lab")
+    found = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                      page, re.S)
+    assert found, "the /lab page carries no jupyter-config-data"
+    disabled = json.loads(found.group(1)).get("disabledExtensions", [])
+    for plugin in INSTRUCTOR_LAB_PLUGINS:
+        assert (plugin in disabled) is (profile == "learner"), f"{profile}: {plugin} {disabled}"
