@@ -4,9 +4,11 @@ address can be set when the book is built.
 
 * Download: sphinx-book-theme's download menu offers ``.ipynb`` only when a launch button
   (Binder, JupyterHub, Colab) is configured, which an offline site has none of. This extension
-  does the same thing without one: it copies the notebook that MyST-NB executed for the page
-  (``_build/jupyter_execute/<page>.ipynb``, outputs included) next to the page's source under
-  ``_sources/`` and names it in the page context, so the theme's menu lists it.
+  does the same thing without one: it copies the notebook that MyST-NB writes for the page
+  (``_build/jupyter_execute/<page>.ipynb``: the page's cells and kernel; MyST-NB keeps the
+  outputs in its execution cache, not in this file, so the learner gets a clean notebook to run)
+  next to the page's source under ``_sources/`` and names it in the page context, so the theme's
+  menu lists it.
 * A note at the top of each such page says what to do with it (:data:`RUN_NOTE`).
 * Repository: ``repository.url`` in _config.yml is the address of the course's repository; the
   environment variable ``COURSE_REPOSITORY_URL`` (:data:`REPOSITORY_VARIABLE`), when set at build
@@ -46,7 +48,7 @@ def _set_repository(app, config) -> None:
 
 
 def executed_notebook(app, pagename: str) -> Path | None:
-    """The notebook MyST-NB executed for a page, if the page is a notebook."""
+    """The notebook MyST-NB wrote for a page, if the page is a notebook."""
     folder = Path(app.outdir).parent / getattr(app.config, "nb_output_folder", "jupyter_execute")
     path = folder / f"{pagename}.ipynb"
     return path if path.is_file() else None

@@ -103,9 +103,9 @@ LAB_START_TIMEOUT_S = 120
 
 
 @contextlib.contextmanager
-def running_lab(profile: str, log: Path) -> Iterator[Lab]:
+def running_lab(profile: str, log: Path, *extra: str) -> Iterator[Lab]:
     """JupyterLab on the course started as ``course-lab`` starts it for ``profile`` (learner or
-    instructor), with its output in ``log``; stopped on exit."""
+    instructor), with its output in ``log`` and ``extra`` arguments; stopped on exit."""
     from course.lab import lab_arguments, write_profile
     from course.site import ROOT, tail, tool_env
 
@@ -116,7 +116,7 @@ def running_lab(profile: str, log: Path) -> Iterator[Lab]:
     runtime = Path(tempfile.mkdtemp(prefix="jupyter-runtime-"))
     config = Path(tempfile.mkdtemp(prefix=f"course-lab-{profile}-"))
     args = [*lab_arguments(ROOT), "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"]
+            f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0", *extra]
     env = {**tool_env(), "JUPYTER_CONFIG_DIR": str(write_profile(profile, config)),
            "JUPYTER_RUNTIME_DIR": str(runtime)}
     with open(log, "w", encoding="utf-8") as out:

@@ -99,3 +99,43 @@ def test_lab_page_tells_the_browser_which_plugins_are_off(lab):
     disabled = json.loads(found.group(1)).get("disabledExtensions", [])
     for plugin in INSTRUCTOR_LAB_PLUGINS:
         assert (plugin in disabled) is (profile == "learner"), f"{profile}: {plugin} {disabled}"
+
+
+PLUGINS_JS = """async (ids) => {
+    await window.jupyterapp.started;
+    await window.jupyterapp.restored;
+    return Object.fromEntries(ids.map(id => [id, window.jupyterapp.isPluginActivated(id)]));
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", PROFILES)
+def test_lab_in_a_real_browser(profile):
+    """An exercise open in the lab as each audience sees it: nbgrader's instructor plugins run
+    only for the instructor; the Validate button is on the learner's notebook toolbar."""
+    from test_browser import CHROMIUM_ARGS, chromium_or_skip
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_or_skip()
+    exercise = "exercises/01_matmul/matmul.ipynb"
+    log = BUILD_DIR / f"jupyterlab-browser-{profile}.log"
+    with running_lab(profile, log, "--LabApp.expose_app_in_browser=True") as server, \
+            sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{server.url}/lab/tree/{exercise}?token={server.token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            plugins = page.evaluate(PLUGINS_JS, [*INSTRUCTOR_LAB_PLUGINS,
+                                                 "@jupyter/nbgrader:validate-assignment",
+                                                 "@jupyter/nbgrader:assignment-list"])
+            validate = page.locator(".jp-NotebookPanel-toolbar", has_text="Validate")
+            validate.first.wait_for(timeout=30_000)
+            page.screenshot(path=str(BUILD_DIR / f"jupyterlab-{profile}.png"))
+        finally:
+            browser.close()
+    instructor = profile == "instructor"
+    for plugin in INSTRUCTOR_LAB_PLUGINS:
+        assert plugins[plugin] is instructor, f"{profile}'s lab: {plugin} active: {plugins[plugin]}"
+    assert plugins["@jupyter/nbgrader:validate-assignment"] is True
+    assert plugins["@jupyter/nbgrader:assignment-list"] is True
