@@ -67,10 +67,22 @@ def write_profile(profile: str, folder: str | os.PathLike | None = None) -> Path
     return folder
 
 
+DEVICE_VARIABLE = "LLMCORE_DEVICE"
+"""llmcore.device.DEVICE_VARIABLE, named here so that starting the lab does not import torch."""
+
+MACOS_DEVICE = "cpu"
+"""The device the chapters' kernels use on macOS unless LLMCORE_DEVICE says otherwise: Apple's
+GPU (MPS) has no float64, in which several chapters check their results."""
+
+
 def lab_environment(profile: str, folder: str | os.PathLike | None = None) -> dict[str, str]:
-    """The environment in which ``jupyter`` runs with a profile (written first)."""
+    """The environment in which ``jupyter`` runs with a profile (written first); the kernels
+    inherit it. On macOS it sets ``LLMCORE_DEVICE=cpu`` unless the variable is set already
+    (``LLMCORE_DEVICE=mps course-lab`` tries the Apple GPU)."""
     env = dict(os.environ)
     env["JUPYTER_CONFIG_DIR"] = str(write_profile(profile, folder))
+    if sys.platform == "darwin":
+        env.setdefault(DEVICE_VARIABLE, MACOS_DEVICE)
     return env
 
 

@@ -44,6 +44,22 @@ def effective_server_extensions(listing: str) -> dict[str, bool]:
     return state
 
 
+@pytest.mark.parametrize("platform, preset, expected", [
+    ("darwin", None, "cpu"),           # MPS has no float64: the chapters run on the CPU
+    ("darwin", "mps", "mps"),          # unless the learner asks for the Apple GPU
+    ("linux", None, None), ("win32", None, None)])
+def test_lab_kernels_device_per_platform(monkeypatch, tmp_path, platform, preset, expected):
+    from course import lab
+    from llmcore.device import DEVICE_VARIABLE
+    assert lab.DEVICE_VARIABLE == DEVICE_VARIABLE
+    monkeypatch.setattr("sys.platform", platform)
+    if preset is None:
+        monkeypatch.delenv(DEVICE_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(DEVICE_VARIABLE, preset)
+    assert lab.lab_environment("learner", tmp_path).get(DEVICE_VARIABLE) == expected
+
+
 def test_learner_lab_extension_list_disables_the_instructor_plugins(tmp_path):
     listing = jupyter_listing("learner", tmp_path, "labextension", "list")
     assert re.search(r"@jupyter/nbgrader v[\d.]+ enabled OK", listing), listing
