@@ -147,11 +147,14 @@ def test_lab_in_a_real_browser(profile):
                                                  "@jupyter/nbgrader:assignment-list"])
             validate = page.locator(".jp-NotebookPanel-toolbar", has_text="Validate")
             validate.first.wait_for(timeout=30_000)
+            create_tabs = page.locator(".lm-TabBar-tabLabel", has_text="Create Assignment").count()
             page.screenshot(path=str(BUILD_DIR / f"jupyterlab-{profile}.png"))
         finally:
             browser.close()
     instructor = profile == "instructor"
     for plugin in INSTRUCTOR_LAB_PLUGINS:
         assert plugins[plugin] is instructor, f"{profile}'s lab: {plugin} active: {plugins[plugin]}"
+    assert (create_tabs > 0) is instructor, f"{profile}'s lab shows {create_tabs} Create " \
+                                            "Assignment tabs"
     assert plugins["@jupyter/nbgrader:validate-assignment"] is True
     assert plugins["@jupyter/nbgrader:assignment-list"] is True
