@@ -307,7 +307,8 @@ def test_instructor_switch_adds_the_solutions(book):
     instructor = ROOT / "_build" / "instructor"
     shutil.rmtree(instructor, ignore_errors=True)     # no stale page may pass for a new one
     # -o: take the virtual environment as up to date (this test runs inside it)
-    done = subprocess.run(["make", "-o", ".venv/.installed", "book-instructor"], cwd=ROOT,
+    done = subprocess.run(["make", "-o", ".venv/.installed", "-o", ".venv/.installed-instructor",
+                           "book-instructor"], cwd=ROOT,
                           env=book_site.tool_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=book_site.BUILD_TIMEOUT_S)
     assert done.returncode == 0, f"make book-instructor failed:\n{book_site.tail(done.stdout)}"
