@@ -1,23 +1,16 @@
-"""Execution limits for a notebook's kernel: memory, preloaded modules, output per cell.
+"""Execution limits for a notebook: its kernel in the sandbox, preloaded modules, output per cell.
 
 :func:`bounded_execute` builds nbgrader's Execute preprocessor with those limits (on first use, so
 that importing this module does not import nbgrader); the learner's check and the instructor's
-grade both run notebooks with it.
+grade both run notebooks with it, and ``nbgrader_config.py`` names it
+(``course.grading.limits.BoundedExecute``) so that plain ``nbgrader autograde`` uses it too. Its
+kernels are started by :class:`course.grading.sandbox.SandboxedKernelManager` (sandbox, memory cap,
+wall clock per notebook).
 """
 
 from __future__ import annotations
 
 import functools
-
-def _memory_limit_code(megabytes: int) -> str:
-    limit = megabytes * 2**20
-    return ("import resource as _resource\n"
-            "try:\n"
-            f"    _resource.setrlimit(_resource.RLIMIT_DATA, ({limit}, {limit}))\n"
-            "except (ValueError, OSError):\n"
-            "    pass\n"
-            "del _resource\n")
-
 
 @functools.cache
 def bounded_execute() -> type:
@@ -29,14 +22,16 @@ def bounded_execute() -> type:
     from traitlets import Integer, List, Unicode
 
     class BoundedExecute(Execute):
-        """Execute, where each kernel gets a memory limit and preloaded modules, and each cell
-        keeps at most max_output_chars of output (an error and the first stderr are always
-        kept, shortened, because they decide the cell's grade)."""
+        """Execute, where each kernel runs in the course's sandbox (its kernel manager) with
+        preloaded modules, and each cell keeps at most max_output_chars of output (an error
+        and the first stderr are always kept, shortened, because they decide the cell's
+        grade)."""
 
-        memory_limit_mb = Integer(
-            2048, help="Memory (RLIMIT_DATA) a notebook's kernel may allocate, in MiB; 0: no "
-                       "limit. Past it, allocations raise MemoryError instead of the machine "
-                       "running out.").tag(config=True)
+        def __init__(self, *args, **kwargs):
+            from .sandbox import SandboxedKernelManager
+            kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+            super().__init__(*args, **kwargs)
+
         max_output_chars = Integer(
             20_000, help="Characters of output a cell keeps; the rest is dropped while the "
                          "cell runs.").tag(config=True)
@@ -48,12 +43,6 @@ def bounded_execute() -> type:
 
         def _kernel_code(self) -> str:
             code = ""
-            if self.memory_limit_mb > 0:
-                try:
-                    import resource  # noqa: F401  (POSIX only)
-                    code += _memory_limit_code(self.memory_limit_mb)
-                except ImportError:
-                    pass
             for name in self.preload:
                 code += f"import {name} as _preloaded\ndel _preloaded\n"
             return code
@@ -113,6 +102,14 @@ def bounded_execute() -> type:
             return out
 
     return BoundedExecute
+
+
+def __getattr__(name: str):
+    """``course.grading.limits.BoundedExecute``, built on first use (nbgrader_config.py names
+    it, and nbconvert imports it by that name)."""
+    if name == "BoundedExecute":
+        return bounded_execute()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _output_size(out) -> int:
