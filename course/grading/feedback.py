@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 HIDDEN_NOTE = "# Hidden tests: their code is not shown. Their result is below."
@@ -21,6 +22,8 @@ class HideHiddenTests(Preprocessor):
     """In a feedback page, a test cell with hidden tests keeps its visible part and its score;
     the hidden code is replaced by a note, and an error keeps its type and message only (a
     traceback would quote the hidden code)."""
+
+    enabled = Bool(True).tag(config=True)
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code" and HIDDEN_MARK in cell.source:

@@ -146,6 +146,44 @@ def _locked_cell_reasons(submitted: Path, assignment: str, coursedir) -> list[st
     return reasons
 
 
+def _forget_unknown_cells(submitted: Path, assignment: str, coursedir) -> None:
+    """Strip the nbgrader metadata of submitted cells whose grade_id the instructor's notebook
+    does not have (a renamed test cell): they become ordinary cells, and grading puts the
+    instructor's cell back (nbgrader would stop on them with a KeyError)."""
+    import nbformat
+    from nbgrader.api import Gradebook
+    with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+        known = {nb.name: {c.name for c in nb.source_cells}
+                 for nb in gb.find_assignment(assignment).notebooks}
+    for path in sorted(submitted.glob("*.ipynb")):
+        if path.stem not in known:
+            continue
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:          # not a notebook: nbgrader's own failure names it
+            continue
+        changed = False
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader")
+            if meta is not None and meta.get("grade_id") not in known[path.stem]:
+                del cell.metadata["nbgrader"]
+                changed = True
+        if changed:
+            nbformat.write(nb, str(path))
+
+
+def _stopped_reason(records: _LogRecords) -> str:
+    """Why nbgrader stopped running a notebook, in the learner's words."""
+    text = "\n".join(message for _, message in records.records)
+    if "CellTimeoutError" in text:
+        return ("timeout: a cell ran past the time limit and did not stop when interrupted "
+                "(a loop that ignores SIGINT?); the notebook's kernel was killed")
+    if "DeadKernelError" in text or "Kernel died" in text:
+        return "the kernel died (the notebook ended its own process)"
+    found = _failure_reasons(records)
+    return found[0] if found else "nbgrader could not run this notebook"
+
+
 def grade_one(job: dict) -> Outcome:
     """Grade one submission in the scratch course ``job["root"]`` (a worker's whole task)."""
     _prepare_environment()
@@ -167,6 +205,7 @@ def grade_one(job: dict) -> Outcome:
     feedback = Path(coursedir.format_path(coursedir.feedback_directory, student, assignment))
     outcome = Outcome(student, assignment)
     outcome.reasons += _locked_cell_reasons(submitted, assignment, coursedir)
+    _forget_unknown_cells(submitted, assignment, coursedir)
 
     app = Autograde(coursedir=coursedir, config=config)
     app.force = True
@@ -179,10 +218,7 @@ def grade_one(job: dict) -> Outcome:
             outcome.failure = (f"timeout: the notebook ran past {timeouts[0]['seconds']} s and "
                                "its sandbox was killed")
         else:
-            found = _failure_reasons(records)
-            outcome.failure = found[0] if found else "nbgrader could not run this notebook"
-            if "dead" in outcome.failure.lower() or "DeadKernel" in outcome.failure:
-                outcome.failure = f"the kernel died ({outcome.failure})"
+            outcome.failure = _stopped_reason(records)
 
     with _quiet_gradebook(), Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         submission = gb.find_submission(assignment, student)
