@@ -1,7 +1,8 @@
 # The course's commands. Each creates (once) and reuses the virtual environment in .venv.
 #   make book   build the HTML book into _build/html (strict: any warning or failing cell fails)
 #   make test   run every test (unit tests, the strict book build, browser and grading checks)
-# Others: make lab, make bench, make exercises, make check NB=..., make grade, make clean.
+# Others: make lab, make bench, make exercises, make check NB=..., make grade, make learner-edition,
+# make clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed
 LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv book book-instructor book-cache test browser bench lab exercises check grade train clean
+.PHONY: help venv book book-instructor book-cache test browser sandbox bench lab exercises check grade learner-edition train clean
 
 help:
 	@sed -n '1,5p' Makefile | sed 's/^# \{0,1\}//'
@@ -48,7 +49,7 @@ book-cache:
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
-test: $(STAMP) $(LAB_SETTINGS) browser book-cache
+test: $(STAMP) $(LAB_SETTINGS) browser sandbox book-cache
 	$(BIN)/python -m pytest
 
 # JupyterLab opens the .md chapters as notebooks on double-click (jupytext's default viewer).
@@ -62,6 +63,15 @@ browser:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	    || echo "warning: could not install chromium; the browser checks will be skipped"; \
 	  else echo "note: chromium is not installed; the browser checks will be skipped"; fi; }
+
+# Debian's bubblewrap, the sandbox every graded notebook's kernel runs in (installed only if
+# missing; without it grading refuses to run and the sandbox tests are skipped with the reason).
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+	    || echo "warning: could not install bubblewrap; grading will refuse to run"; \
+	  else echo "note: bubblewrap (bwrap) is not installed; grading will refuse to run"; fi; }
 
 bench: $(STAMP)
 	$(BIN)/python -m course.bench
@@ -77,15 +87,21 @@ train: $(STAMP)
 
 # Instructor: regenerate exercises/ (student notebooks) from solutions/.
 exercises: $(STAMP)
-	$(BIN)/python -m course.grading release
+	$(BIN)/python -m course.grading release $(ARGS)
 
 # Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
 check: $(STAMP)
 	$(BIN)/python -m course.grading check $(NB)
 
-# Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
-grade: $(STAMP)
+# Instructor: grade every submission in submitted/<student>/<assignment>/ (each notebook in the
+# sandbox, in parallel), write feedback and course_grades.csv. Pass options with ARGS="--force ...".
+grade: $(STAMP) sandbox
 	$(BIN)/python -m course.grading grade $(ARGS)
+
+# Instructor: the learner edition (book sources, exercises, llmcore; no solutions/, no hidden tests,
+# no grading data) in OUT (default: learner-edition/).
+learner-edition: $(STAMP)
+	$(BIN)/python -m course.grading edition $(or $(OUT),learner-edition)
 
 clean:
 	rm -rf _build

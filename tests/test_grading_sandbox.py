@@ -333,3 +333,47 @@ def test_a_grader_killed_mid_run_keeps_every_grade(tmp_path_factory):
         expected = "graded earlier" if student in first else "graded"
         assert table[student]["status"] == expected, (student, table[student])
     assert {s: _scores(course, s) for s in first} == scores
+
+
+# ------------------------------------------------------------------------------------------------
+# Releasing never overwrites a learner's edits
+# ------------------------------------------------------------------------------------------------
+
+def test_release_refuses_to_overwrite_edited_exercises(tmp_path):
+    from course.grading.release import BACKUP_DIR, EditedExercises
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    first = grading.release(tmp_path)
+    assert grading.release(tmp_path) == first, "an untouched release is replaced silently"
+    edited = tmp_path / "exercises" / "01_matmul" / "matmul.ipynb"
+    nb = nbformat.read(edited, as_version=4)
+    nb.cells[0].source += "\nmy notes"
+    nbformat.write(nb, str(edited))
+    mine = edited.read_bytes()
+    with pytest.raises(EditedExercises, match=r"(?s)1 notebook.*01_matmul/matmul.ipynb.*--force"):
+        grading.release(tmp_path)
+    assert edited.read_bytes() == mine, "a refused release must not touch the notebook"
+    grading.release(tmp_path, force=True)
+    backups = list((tmp_path / BACKUP_DIR).glob("*/01_matmul/matmul.ipynb"))
+    assert len(backups) == 1 and backups[0].read_bytes() == mine
+    assert edited.read_bytes() != mine
+
+
+def test_the_learner_edition_has_no_solutions_or_grading_data(tmp_path):
+    out = tmp_path / "edition"
+    done = subprocess.run([sys.executable, "-m", "course.grading", "edition", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"exercises/01_matmul/matmul.ipynb", "llmcore/__init__.py", "_toc.yml",
+            "README.md", "nbgrader_config.py"} <= files
+    assert any(f.startswith("chapters/") for f in files)
+    leaked = [f for f in files if f.startswith(("solutions/", "tests/grading/", "submitted/"))
+              or "test_grading" in f or f.endswith(".db")]
+    assert not leaked, leaked
+    for notebook in out.rglob("*.ipynb"):
+        text = notebook.read_text()
+        assert "BEGIN HIDDEN TESTS" not in text and "BEGIN SOLUTION" not in text, notebook
+    again = subprocess.run([sys.executable, "-m", "course.grading", "edition", str(out)],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr

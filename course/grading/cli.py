@@ -1,5 +1,6 @@
-"""The grader's command line: ``python -m course.grading {release,check,grade}``, and the
-entry points ``course-release``, ``course-check`` (learners) and ``course-grade`` (instructors)."""
+"""The grader's command line: ``python -m course.grading {release,edition,check,grade}``, and the
+entry points ``course-release``, ``course-edition``, ``course-check`` (learners) and
+``course-grade`` (instructors)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Sequence
 
 from .check import check, format_report
 from .grade import grade
+from .edition import learner_edition
 from .release import release
 from .report import GRADES_CSV
 
@@ -25,6 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
     p.add_argument("--release-dir", default=None,
                    help="write here instead of the course's exercises/")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite notebooks edited since the last release (a backup is kept "
+                        "in .exercises-backup/)")
+
+    p = commands.add_parser("edition", help="copy the learner edition of the course (book, "
+                                            "exercises, llmcore; no solutions/, no hidden "
+                                            "tests, no grading data) into OUT")
+    p.add_argument("out", help="the new folder (must not exist or be empty)")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
 
     p = commands.add_parser("check", help="run a notebook and print each visible test's result")
     p.add_argument("notebook",
@@ -58,8 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "release":
-            for path in release(args.course_dir, release_dir=args.release_dir):
+            for path in release(args.course_dir, release_dir=args.release_dir,
+                                force=args.force):
                 print(f"wrote {path}")
+            return 0
+        if args.command == "edition":
+            written = learner_edition(args.course_dir, args.out)
+            print(f"wrote the learner edition ({len(written)} files) to {Path(args.out).resolve()}")
             return 0
         if args.command == "check":
             report = check(args.notebook, timeout=args.timeout)
@@ -81,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"feedback: {course / 'feedback'}")
         print(run.summary())
         return 0
-    except (FileNotFoundError, RuntimeError, ValueError) as error:
+    except (FileNotFoundError, FileExistsError, RuntimeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
@@ -89,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def release_main() -> None:
     """``course-release [--course-dir DIR]``."""
     sys.exit(main(["release", *sys.argv[1:]]))
+
+
+def edition_main() -> None:
+    """``course-edition OUT [--course-dir DIR]``."""
+    sys.exit(main(["edition", *sys.argv[1:]]))
 
 
 def check_main() -> None:

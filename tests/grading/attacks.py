@@ -110,8 +110,17 @@ print("daemon started")
         "kills_grader", "signals its parent, the grader's pid and every other process it can "
         "(os.kill(-1)): only its own sandbox's processes are in reach",
         PROBE + '''
-import os, signal
-_attack("kill_parent", lambda: os.kill(os.getppid(), signal.SIGKILL))
+import os, signal, time
+def _kill_parent():
+    parent = os.getppid()
+    os.kill(parent, signal.SIGKILL)
+    time.sleep(0.5)
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return                      # the parent is gone
+    raise PermissionError(f"pid {{parent}} (its parent, the sandbox's init) survived SIGKILL")
+_attack("kill_parent", _kill_parent)
 _attack("kill_grader", lambda: os.kill({grader_pid}, signal.SIGKILL))
 os.kill(-1, signal.SIGKILL)
 ''', HONEST),
