@@ -80,8 +80,9 @@ def test_grading_refuses_without_a_sandbox(monkeypatch, tmp_path):
     assert done.returncode == 2 and "no user namespaces (test)" in done.stderr, done.stderr
 
 
-def test_kernel_manager_refuses_without_a_sandbox(monkeypatch):
+def test_kernel_manager_refuses_to_autograde_without_a_sandbox(monkeypatch):
     monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "bwrap is not installed (test)")
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     km = sandbox.SandboxedKernelManager(kernel_name="python3")
     with pytest.raises(sandbox.SandboxUnavailable, match="unsandboxed_trusted"):
         asyncio.run(km.start_kernel())

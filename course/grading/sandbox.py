@@ -18,10 +18,12 @@ inside ``bwrap`` (Debian's ``bubblewrap``):
 - a wall clock per kernel (``notebook_timeout`` seconds): past it the whole sandbox gets SIGKILL,
   whatever the kernel does with SIGINT.
 
-Where bwrap cannot start (not installed, no user namespaces) starting a kernel raises
-:class:`SandboxUnavailable` naming the cause, unless ``unsandboxed_trusted`` is set (trusted
-submissions only): the kernel then runs as the grader's own user with the memory cap and wall
-clock alone. Nothing falls back silently.
+Where bwrap cannot start (not installed, no user namespaces) starting a kernel to autograde
+raises :class:`SandboxUnavailable` naming the cause, unless ``unsandboxed_trusted`` is set
+(trusted submissions only): the kernel then runs as the grader's own user with the memory cap and
+wall clock alone, with a warning. The learner's ``course-check`` (nbgrader's validate: their own
+code on their own machine) uses the sandbox where bwrap works and runs without it, with a warning,
+where it does not (``sandbox = 'required'`` makes it refuse too).
 
 What happened to each kernel (killed at the wall clock, started unsandboxed) is appended to
 :data:`EVENTS`, which the grader reads to explain a failure.
@@ -161,10 +163,16 @@ class SandboxedKernelManager(AsyncKernelManager):
                     "their code can then read and change everything the grader can."
     ).tag(config=True)
     sandbox = Unicode(
-        "required", help="'required': refuse to start a kernel without the sandbox (unless "
-                         "unsandboxed_trusted); 'if-available': sandbox when bwrap works, else "
-                         "run unsandboxed (the learner's own check on their own machine)."
+        "autograde", help="When a kernel must run in the sandbox: 'autograde' (default): when "
+                          "nbgrader autogrades (NBGRADER_EXECUTION=autograde), else only if bwrap "
+                          "works (the learner's own check of their own code on their machine); "
+                          "'required': always; 'if-available': never required."
     ).tag(config=True)
+
+    def _required(self) -> bool:
+        if self.sandbox == "autograde":
+            return os.environ.get("NBGRADER_EXECUTION") == "autograde"
+        return self.sandbox == "required"
 
     @default("transport")
     def _default_transport(self):
@@ -174,7 +182,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         problem = sandbox_problem()
         if problem is None:
             return True
-        if self.unsandboxed_trusted or self.sandbox == "if-available":
+        if self.unsandboxed_trusted or not self._required():
             EVENTS.append({"kind": "unsandboxed", "reason": problem})
             self.log.warning("running the kernel WITHOUT a sandbox: %s", problem)
             return False
