@@ -378,3 +378,32 @@ def test_the_learner_edition_has_no_solutions_or_grading_data(tmp_path):
     again = subprocess.run([sys.executable, "-m", "course.grading", "edition", str(out)],
                            cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Plain nbgrader applies the same sandbox, and warns about nothing on untouched notebooks
+# ------------------------------------------------------------------------------------------------
+
+@needs_sandbox
+@pytest.mark.slow
+def test_plain_nbgrader_autograde_is_sandboxed_and_quiet(tmp_path_factory):
+    course = _new_course(tmp_path_factory, "plain")
+    tg._submit(course, "untouched", "01_matmul", tg._submission("01_matmul", answered=False))
+    probe = tg._submission("01_matmul", answered=True)
+    probe.cells.insert(1, nbformat.v4.new_code_cell("import os\nprint('WHERE', os.getuid(), "
+                                                    "os.getcwd())"))
+    tg._submit(course, "probe", "01_matmul", probe)
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    for command in (["generate_assignment", "01_matmul", "--force"],
+                    ["autograde", "01_matmul"]):
+        done = subprocess.run([sys.executable, "-m", "nbgrader", *command], cwd=course, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    assert "checksum" not in output.lower(), output
+    printed = _printed(course / "autograded" / "probe" / "01_matmul" / "matmul.ipynb")
+    assert f"WHERE {sandbox.SANDBOX_UID} {sandbox.SANDBOX_WORK}" in printed, printed
+    cells = tg._cell_scores(course / "gradebook.db", "untouched", "01_matmul")
+    assert "test_matmul_hidden" in cells and all(score == 0 for score, _ in cells.values())
+    cells = tg._cell_scores(course / "gradebook.db", "probe", "01_matmul")
+    assert all(score == top for score, top in cells.values()), cells
