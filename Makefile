@@ -56,22 +56,22 @@ test: $(STAMP) $(LAB_SETTINGS) browser sandbox book-cache
 $(LAB_SETTINGS): $(STAMP)
 	$(BIN)/jupytext-config --settings-file $@ set-default-viewer markdown myst
 
+# $(call apt_install,COMMAND,PACKAGE,WHAT HAPPENS WITHOUT IT): install a Debian package when its
+# command is missing and we are root with apt-get; otherwise say what is lost.
+apt_install = command -v $(1) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null) \
+	    || echo "warning: could not install $(2); $(3)"; \
+	  else echo "note: $(2) is not installed; $(3)"; fi; }
+
 # Debian's Chromium for the real-browser checks of the built site (installed only if missing).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	    || echo "warning: could not install chromium; the browser checks will be skipped"; \
-	  else echo "note: chromium is not installed; the browser checks will be skipped"; fi; }
+	@$(call apt_install,chromium,chromium,the browser checks will be skipped)
 
 # Debian's bubblewrap, the sandbox every graded notebook's kernel runs in (installed only if
 # missing; without it grading refuses to run and the sandbox tests are skipped with the reason).
 sandbox:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	    || echo "warning: could not install bubblewrap; grading will refuse to run"; \
-	  else echo "note: bubblewrap (bwrap) is not installed; grading will refuse to run"; fi; }
+	@$(call apt_install,bwrap,bubblewrap,grading will refuse to run)
 
 bench: $(STAMP)
 	$(BIN)/python -m course.bench
