@@ -123,6 +123,38 @@ def test_a_sandboxed_kernel_sees_only_its_notebook_and_leaves_nothing(tmp_path):
     assert not _processes_with(token), "a process started in the sandbox outlived its kernel"
 
 
+@needs_sandbox
+@pytest.mark.slow
+def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path):
+    token = uuid.uuid4().hex
+
+    async def run() -> bool:
+        km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=8)
+        await km.start_kernel(cwd=str(tmp_path))
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=60)
+        kc.execute("import signal, subprocess, sys\n"
+                   "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
+                   "while True:\n    pass\n")
+        await asyncio.sleep(2)
+        await km.interrupt_kernel()
+        await asyncio.sleep(1)
+        alive_after_interrupt = await km.is_alive()
+        await asyncio.sleep(8)
+        alive = await km.is_alive()
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+        return alive_after_interrupt and not alive
+
+    before = len(sandbox.EVENTS)
+    assert asyncio.run(run()), "the kernel must survive the interrupt and die at the wall clock"
+    assert {"kind": "timeout", "seconds": 8} in sandbox.EVENTS[before:]
+    time.sleep(0.5)
+    assert not _processes_with(token)
+
+
 def _processes_with(token: str) -> list[int]:
     found = []
     for proc in Path("/proc").iterdir():

@@ -8,8 +8,8 @@ inside ``bwrap`` (Debian's ``bubblewrap``):
   ``/opt/course/llmcore``; nothing else of the course (no ``solutions/``, ``source/``, gradebook,
   ``nbgrader_config.py``, other submissions);
 - a private working directory ``/home/learner/work`` holding only copies of the notebooks of the
-  folder it was started in; its own ``/tmp``, ``HOME`` and ``IPYTHONDIR`` (tmpfs: nothing it
-  writes outlives it);
+  folder it was started in; its own ``/tmp``, ``HOME`` and ``IPYTHONDIR`` (tmpfs of
+  ``TMPFS_MB`` each where bwrap supports ``--size``: nothing it writes outlives it);
 - no network (``--unshare-net``), so the grader talks to the kernel over jupyter's ``ipc``
   transport: unix sockets in a per-kernel directory bound into the sandbox;
 - its own pid namespace and user (uid 1000): it cannot see or signal the grader or other kernels;
@@ -120,7 +120,7 @@ def bwrap_command(kernel_dir: Path, notebooks: list[Path]) -> list[str]:
             args += ["--ro-bind", folder, folder]
     args += ["--ro-bind", str(_llmcore_dir()), f"{SANDBOX_COURSE}/llmcore",
              "--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys",
-             "--tmpfs", "/tmp", "--tmpfs", SANDBOX_HOME, "--dir", SANDBOX_WORK,
+             *_sized_tmpfs("/tmp"), *_sized_tmpfs(SANDBOX_HOME), "--dir", SANDBOX_WORK,
              "--dir", f"{SANDBOX_HOME}/.ipython"]
     for notebook in notebooks:
         args += ["--ro-bind", str(notebook), f"{SANDBOX_WORK}/{notebook.name}"]
@@ -133,6 +133,21 @@ def bwrap_command(kernel_dir: Path, notebooks: list[Path]) -> list[str]:
     for name, value in env.items():
         args += ["--setenv", name, value]
     return args + ["--"]
+
+
+TMPFS_MB = 512
+"""Size of the sandbox's /tmp and of its HOME (each; they live in memory)."""
+
+
+@functools.cache
+def _bwrap_has_size() -> bool:
+    done = subprocess.run(["bwrap", "--help"], capture_output=True, text=True)
+    return "--size" in done.stdout + done.stderr
+
+
+def _sized_tmpfs(path: str) -> list[str]:
+    size = ["--size", str(TMPFS_MB * 2**20)] if _bwrap_has_size() else []
+    return [*size, "--tmpfs", path]
 
 
 def limit_command(memory_limit_mb: int) -> list[str]:
