@@ -88,6 +88,19 @@ def test_kernel_manager_refuses_to_autograde_without_a_sandbox(monkeypatch):
         asyncio.run(km.start_kernel())
 
 
+@pytest.mark.slow
+def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_start():
+    code = ("import sys; from course.grading import sandbox, cli; "
+            "sandbox.sandbox_problem = lambda: 'no user namespaces (test)'; "
+            "sys.exit(cli.main(['check', 'exercises/01_matmul/matmul.ipynb', '--timeout', '60']))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL    test_dot: 0 of 1 point" in done.stdout, done.stdout
+    assert "warning: running notebooks WITHOUT the sandbox: no user namespaces (test)" \
+        in done.stderr, done.stderr
+
+
 @needs_sandbox
 @pytest.mark.slow
 def test_a_sandboxed_kernel_sees_only_its_notebook_and_leaves_nothing(tmp_path):
