@@ -243,6 +243,12 @@ def hostile(tmp_path_factory):
         tg._submit(course, attack.student, attack.assignment,
                    _attack_notebook(attack, course, token))
     tg._submit(course, "zz_honest", "01_matmul", honest)
+    # Submissions made of symbolic links to another student's work.
+    linked = course / "submitted" / "links_notebook" / "01_matmul"
+    linked.mkdir(parents=True)
+    (linked / "matmul.ipynb").symlink_to(course / "submitted" / "aa_honest" / "01_matmul" /
+                                         "matmul.ipynb")
+    (course / "submitted" / "links_folder").symlink_to(course / "submitted" / "aa_honest")
     before = _tree_hash(course)
     run = grading.grade(course, timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT,
                         log=lambda message: print(message, flush=True))
@@ -277,6 +283,15 @@ def test_no_attack_scores_above_its_honest_work(hostile, attack):
         text = _printed(graded)
         assert "SUCCEEDED" not in text, [line for line in text.splitlines()
                                           if "SUCCEEDED" in line]
+
+
+@pytest.mark.slow
+def test_a_submission_of_symbolic_links_gets_nothing(hostile):
+    _, _, _, _, table = hostile
+    row = table[("links_notebook", "01_matmul")]
+    assert float(row["score"]) == 0 and "symbolic link" in row["reasons"], row
+    row = table[("links_folder", "01_matmul")]
+    assert float(row["score"]) == 0 and row["status"].startswith("refused:"), row
 
 
 @pytest.mark.slow
@@ -327,7 +342,7 @@ def test_feedback_hides_hidden_tests_and_needs_no_network(hostile):
 @pytest.mark.slow
 def test_the_grade_run_reports_its_throughput(hostile):
     _, _, _, run, _ = hostile
-    assert run.notebooks == len(attacks.ATTACKS) + 3 and run.workers == (os.cpu_count() or 1)
+    assert run.notebooks == len(attacks.ATTACKS) + 4 and run.workers == (os.cpu_count() or 1)
     summary = run.summary()
     assert "notebooks/min" in summary and "s per notebook" in summary
 

@@ -40,6 +40,9 @@ from .report import (GRADES_CSV, OUTCOME_FILE, GradeRow, Outcome, _gradebook_row
                      notebook_reasons, record, write_grades)
 
 
+REFUSED_LINK = "refused: the submission's folder is a symbolic link"
+
+
 @dataclass(frozen=True)
 class GradeRun:
     """What a grade run did: the table's rows and how long it took."""
@@ -178,6 +181,8 @@ def _stopped_reason(records: _LogRecords) -> str:
     if "CellTimeoutError" in text:
         return ("timeout: a cell ran past the time limit and did not stop when interrupted "
                 "(a loop that ignores SIGINT?); the notebook's kernel was killed")
+    if "No notebooks found" in text:
+        return "no notebook of this assignment was submitted (or only links to one)"
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died (the notebook ended its own process)"
     found = _failure_reasons(records)
@@ -187,9 +192,9 @@ def _stopped_reason(records: _LogRecords) -> str:
 def grade_one(job: dict) -> Outcome:
     """Grade one submission in the scratch course ``job["root"]`` (a worker's whole task)."""
     _prepare_environment()
-    from nbgrader.api import Gradebook
-    from nbgrader.converters import Autograde, GenerateFeedback
     import nbformat
+    from nbgrader.api import Gradebook, MissingEntry
+    from nbgrader.converters import Autograde, GenerateFeedback
 
     from . import sandbox
 
@@ -204,6 +209,8 @@ def grade_one(job: dict) -> Outcome:
     autograded = Path(coursedir.format_path(coursedir.autograded_directory, student, assignment))
     feedback = Path(coursedir.format_path(coursedir.feedback_directory, student, assignment))
     outcome = Outcome(student, assignment)
+    outcome.reasons += [f"{link}: a symbolic link, left out of the submission"
+                        for link in job.get("links", [])]
     outcome.reasons += _locked_cell_reasons(submitted, assignment, coursedir)
     _forget_unknown_cells(submitted, assignment, coursedir)
 
@@ -221,9 +228,14 @@ def grade_one(job: dict) -> Outcome:
             outcome.failure = _stopped_reason(records)
 
     with _quiet_gradebook(), Gradebook(coursedir.db_url, coursedir.course_id) as gb:
-        submission = gb.find_submission(assignment, student)
-        outcome.timestamp = submission.timestamp.isoformat() if submission.timestamp else None
-        for nb in submission.notebooks:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:          # nbgrader stopped before recording it: every test is 0
+            submission = None
+        notebooks_graded = submission.notebooks if submission is not None else []
+        if submission is not None and submission.timestamp:
+            outcome.timestamp = submission.timestamp.isoformat()
+        for nb in notebooks_graded:
             outcome.grades[nb.name] = {g.name: [float(g.auto_score or 0), bool(g.needs_manual_grade)]
                                        for g in nb.grades}
             outcome.comments[nb.name] = {c.name: c.auto_comment for c in nb.comments}
@@ -324,6 +336,13 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
             status[(student, assignment)] = "unknown assignment"
             say(f"{student}/{assignment}: no such assignment in {coursedir.source_directory}/")
     pairs = [(s, a) for s, a in pairs if a in known]
+    submitted_root = course / coursedir.submitted_directory
+    for student, assignment in list(pairs):
+        if (submitted_root / student).is_symlink() or \
+                (submitted_root / student / assignment).is_symlink():
+            status[(student, assignment)] = REFUSED_LINK
+            pairs.remove((student, assignment))
+            say(f"{student}/{assignment}: {REFUSED_LINK}")
     needed = sorted({a for _, a in pairs})
     for assignment in needed:
         report(_register(config, assignment))
@@ -383,8 +402,8 @@ def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_p
     the template gradebook."""
     root = folder / "course"
     rel = lambda step, who: Path(coursedir.format_path(step, who, assignment)).relative_to(course)
-    shutil.copytree(course / rel(coursedir.submitted_directory, student),
-                    root / rel(coursedir.submitted_directory, student), symlinks=True)
+    links = _copy_plain_files(course / rel(coursedir.submitted_directory, student),
+                              root / rel(coursedir.submitted_directory, student))
     shutil.copytree(course / coursedir.source_directory / assignment,
                     root / coursedir.source_directory / assignment)
     shutil.copy(template, folder / "gradebook.db")
@@ -392,12 +411,29 @@ def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_p
            "student": student, "assignment": assignment, "config_file": config_path,
            "timeout": timeout, "notebook_timeout": notebook_timeout,
            "unsandboxed_trusted": trusted, "feedback": feedback,
-           "outcome": str(folder / "outcome.json"), "folder": str(folder)}
+           "outcome": str(folder / "outcome.json"), "folder": str(folder), "links": links}
     (folder / "job.json").write_text(json.dumps(job))
     return job
 
 
 _WORKER = "import sys; from course.grading.grade import _worker_main; sys.exit(_worker_main(sys.argv[1]))"
+
+
+def _copy_plain_files(source: Path, target: Path) -> list[str]:
+    """Copy the regular files and folders of a submission; symbolic links are left out (one
+    could point at another student's notebook or the course's files). Returns them."""
+    links = []
+    for folder, dirs, files in os.walk(source):
+        here = Path(folder)
+        (target / here.relative_to(source)).mkdir(parents=True, exist_ok=True)
+        for name in [*dirs, *files]:
+            path = here / name
+            if path.is_symlink():
+                links.append(path.relative_to(source).as_posix())
+            elif path.is_file():
+                shutil.copy2(path, target / path.relative_to(source))
+        dirs[:] = [d for d in dirs if not (here / d).is_symlink()]
+    return links
 
 
 def _run_worker(job: dict) -> tuple[dict, Outcome]:

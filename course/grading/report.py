@@ -169,7 +169,8 @@ class GradeRow:
     assignment: str
     score: float
     max_score: float
-    status: str          # "graded", "graded earlier", "failed: ...", "unknown assignment"
+    status: str          # "graded", "graded earlier", "failed: ...", "unknown assignment",
+                         # "refused: ..." (not graded, not in the gradebook)
     reasons: str = ""    # why points were lost, "; "-separated
 
 
@@ -199,7 +200,8 @@ def _gradebook_rows(coursedir, status: dict[tuple[str, str], str],
                 rows.append(GradeRow(key[0], assignment.name, float(submission.score),
                                      float(assignment.max_score), note, why))
     rows += [GradeRow(student, assignment, 0.0, 0.0, note)
-             for (student, assignment), note in status.items() if note == "unknown assignment"]
+             for (student, assignment), note in status.items()
+             if note == "unknown assignment" or note.startswith("refused")]
     return sorted(rows, key=lambda r: (r.assignment, r.student))
 
 
