@@ -181,7 +181,7 @@ def _stopped_reason(records: _LogRecords) -> str:
     if "CellTimeoutError" in text:
         return ("timeout: a cell ran past the time limit and did not stop when interrupted "
                 "(a loop that ignores SIGINT?); the notebook's kernel was killed")
-    if "No notebooks found" in text:
+    if "No notebooks found" in text or "No notebooks were matched" in text:
         return "no notebook of this assignment was submitted (or only links to one)"
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died (the notebook ended its own process)"
