@@ -101,6 +101,16 @@ def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_s
         in done.stderr, done.stderr
 
 
+async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int):
+    """A started SandboxedKernelManager and its ready client."""
+    km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=notebook_timeout)
+    await km.start_kernel(cwd=str(cwd))
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
 @needs_sandbox
 @pytest.mark.slow
 def test_a_sandboxed_kernel_sees_only_its_notebook_and_leaves_nothing(tmp_path):
@@ -111,11 +121,7 @@ def test_a_sandboxed_kernel_sees_only_its_notebook_and_leaves_nothing(tmp_path):
     token = uuid.uuid4().hex
 
     async def run() -> str:
-        km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=60)
-        await km.start_kernel(cwd=str(folder))
-        kc = km.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=60)
+        km, kc = await _sandboxed_kernel(folder, notebook_timeout=60)
         seen = []
         code = ("import os, subprocess, sys\n"
                 "root = %r\n"
@@ -142,11 +148,7 @@ def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path):
     token = uuid.uuid4().hex
 
     async def run() -> bool:
-        km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=8)
-        await km.start_kernel(cwd=str(tmp_path))
-        kc = km.client()
-        kc.start_channels()
-        await kc.wait_for_ready(timeout=60)
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=8)
         kc.execute("import signal, subprocess, sys\n"
                    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                    f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
