@@ -363,6 +363,26 @@ def _graded_students(gradebook: Path) -> set[str]:
             return set()
 
 
+@pytest.mark.slow
+def test_trusted_notebooks_can_be_graded_without_a_sandbox(tmp_path_factory):
+    course = _new_course(tmp_path_factory, "trusted")
+    tg._submit(course, "trusted", "01_matmul", tg._submission("01_matmul", answered=True))
+    env = dict(os.environ, COURSE_BWRAP="/nonexistent/bwrap")
+    command = [sys.executable, "-m", "course.grading", "grade", "--course-dir", str(course),
+               "--timeout", str(CELL_TIMEOUT), "--no-feedback"]
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "bubblewrap (/nonexistent/bwrap) is not installed" in refused.stderr
+    assert "--unsandboxed-trusted" in refused.stderr and not (course / "autograded").exists()
+    done = subprocess.run([*command, "--unsandboxed-trusted"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "WARNING: grading WITHOUT a sandbox" in done.stdout
+    with open(course / "course_grades.csv", newline="") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["status"], row["score"]) == ("graded", "12"), row
+
+
 def _scores(course: Path, student: str) -> dict:
     return tg._cell_scores(course / "gradebook.db", student, "01_matmul")
 

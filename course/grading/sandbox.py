@@ -62,13 +62,18 @@ class SandboxUnavailable(RuntimeError):
     """bwrap cannot start here; the message names the cause and the opt-out."""
 
 
+def bwrap_program() -> str:
+    """The bubblewrap program: ``$COURSE_BWRAP`` if set (a path or a name on PATH), else bwrap."""
+    return os.environ.get("COURSE_BWRAP", "bwrap")
+
+
 @functools.cache
 def sandbox_problem() -> str | None:
     """Why a bubblewrap sandbox cannot start on this machine, or None when it can (a tiny
     sandbox with every namespace is started once per process to find out)."""
-    bwrap = shutil.which("bwrap")
+    bwrap = shutil.which(bwrap_program())
     if bwrap is None:
-        return ("bubblewrap (bwrap) is not installed: install it (Debian/Ubuntu: "
+        return (f"bubblewrap ({bwrap_program()}) is not installed: install it (Debian/Ubuntu: "
                 "apt-get install bubblewrap)")
     try:
         done = subprocess.run([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
@@ -105,7 +110,7 @@ def bwrap_command(kernel_dir: Path, notebooks: list[Path]) -> list[str]:
 
     kernel_dir: the folder of the kernel's connection file and ipc sockets (bound read-write,
     at the same path); notebooks: files copied read-only into the working directory."""
-    args = ["bwrap", "--unshare-all", "--die-with-parent",
+    args = [shutil.which(bwrap_program()) or bwrap_program(), "--unshare-all", "--die-with-parent",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", "sandbox", "--clearenv"]
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -141,7 +146,7 @@ TMPFS_MB = 512
 
 @functools.cache
 def _bwrap_has_size() -> bool:
-    done = subprocess.run(["bwrap", "--help"], capture_output=True, text=True)
+    done = subprocess.run([bwrap_program(), "--help"], capture_output=True, text=True)
     return "--size" in done.stdout + done.stderr
 
 
