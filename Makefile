@@ -2,7 +2,8 @@
 #   make book   build the HTML book into _build/html (strict: any warning or failing cell fails)
 #   make test   run every test (unit tests, the strict book build, browser and grading checks)
 # Install one audience's packages only: make learner, make instructor, make dev (README).
-# Others: make lab, make lab-instructor, make bench, make exercises, make check NB=..., make grade.
+# Others: make lab, make lab-instructor, make bench, make exercises, make check NB=..., make grade,
+# make learner-edition, make clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -22,7 +23,7 @@ endif
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: help venv learner instructor dev book book-instructor book-cache test browser bench lab \
-	lab-instructor exercises check grade train clean
+	lab-instructor sandbox exercises check grade learner-edition train clean
 
 help:
 	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
@@ -73,16 +74,25 @@ book-cache:
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
-test: $(STAMP) browser book-cache
+test: $(STAMP) browser sandbox book-cache
 	$(BIN)/python -m pytest
+
+# $(call apt_install,COMMAND,PACKAGE,WHAT HAPPENS WITHOUT IT): install a Debian package when its
+# command is missing and we are root with apt-get; otherwise say what is lost.
+apt_install = command -v $(1) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null) \
+	    || echo "warning: could not install $(2); $(3)"; \
+	  else echo "note: $(2) is not installed; $(3)"; fi; }
 
 # Debian's Chromium for the real-browser checks of the built site (installed only if missing).
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-	    || echo "warning: could not install chromium; the browser checks will be skipped"; \
-	  else echo "note: chromium is not installed; the browser checks will be skipped"; fi; }
+	@$(call apt_install,chromium,chromium,the browser checks will be skipped)
+
+# Debian's bubblewrap, the sandbox every graded notebook's kernel runs in (installed only if
+# missing; without it grading refuses to run and the sandbox tests are skipped with the reason).
+sandbox:
+	@$(call apt_install,bwrap,bubblewrap,grading will refuse to run)
 
 bench: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.bench
@@ -103,15 +113,21 @@ train: $(VENV)/.installed-instructor
 
 # Instructor: regenerate exercises/ (student notebooks) from solutions/.
 exercises: $(VENV)/.installed-instructor
-	$(BIN)/python -m course.grading release
+	$(BIN)/python -m course.grading release $(ARGS)
 
 # Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
 check: $(VENV)/.installed-learner
 	$(BIN)/python -m course.grading check $(NB)
 
-# Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
-grade: $(VENV)/.installed-instructor
+# Instructor: grade every submission in submitted/<student>/<assignment>/ (each notebook in the
+# sandbox, in parallel), write feedback and course_grades.csv. Pass options with ARGS="--force ...".
+grade: $(VENV)/.installed-instructor sandbox
 	$(BIN)/python -m course.grading grade $(ARGS)
+
+# Instructor: the learner edition (book sources, exercises, llmcore; no solutions/, no hidden tests,
+# no grading data) in OUT (default: learner-edition/).
+learner-edition: $(VENV)/.installed-instructor
+	$(BIN)/python -m course.grading edition $(or $(OUT),learner-edition)
 
 clean:
 	rm -rf _build

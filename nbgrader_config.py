@@ -1,5 +1,5 @@
-# nbgrader configuration of the course: read by `python -m llmcore.grading release|check|grade`
-# (the course's front end, see llmcore/grading.py) and by nbgrader's own commands run from here.
+# nbgrader configuration of the course: read by `python -m course.grading release|check|grade`
+# (the course's front end, see course/grading/) and by nbgrader's own commands run from here.
 import os
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
@@ -8,7 +8,7 @@ c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 # the student notebooks generated from them are its "release" and are committed.
 #   solutions/<assignment>/<notebook>.ipynb  ->  exercises/<assignment>/<notebook>.ipynb
 # Class submissions: submitted/<student>/<assignment>/<notebook>.ipynb (autograded/, feedback/,
-# gradebook.db and grades.csv are written next to it; none of them is committed).
+# gradebook.db and course_grades.csv are written next to it; none of them is committed).
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 c.CourseDirectory.course_id = "algebra-of-llms"
 c.CourseDirectory.source_directory = "solutions"
@@ -26,9 +26,41 @@ c.OverwriteCells.add_missing_cells = True
 # more than a few seconds, so a cell past the timeout is interrupted and fails.
 c.Execute.timeout = 60
 c.Execute.startup_timeout = 120
-# llmcore.grading's bounded Execute: past the memory limit an allocation raises MemoryError (the
-# machine stays up); past the output cap a cell's printing is dropped (the notebook stays small);
-# torch and llmcore are imported before the first cell, outside its timeout.
-c.BoundedExecute.memory_limit_mb = 2048
+# Every kernel runs in the course's sandbox (course/grading/sandbox.py: bubblewrap, read-only
+# Python and llmcore, a private working directory, no network, own pid namespace and user): the
+# bounded Execute below starts its kernels with SandboxedKernelManager, here and in plain
+# `nbgrader autograde`. Past the memory limit an allocation raises MemoryError; past the notebook
+# timeout the whole sandbox is killed (loops that ignore SIGINT included). Where bwrap cannot
+# start, grading refuses; unsandboxed_trusted = True runs trusted notebooks without it.
+c.SandboxedKernelManager.memory_limit_mb = 2048
+c.SandboxedKernelManager.notebook_timeout = 600
+c.SandboxedKernelManager.unsandboxed_trusted = False
+# The course's bounded Execute: past the output cap a cell's printing is dropped (the notebook
+# stays small); torch and llmcore are imported before the first cell, outside its timeout.
 c.BoundedExecute.max_output_chars = 20_000
 c.BoundedExecute.preload = ["torch", "llmcore"]
+# A released test cell lacks its hidden tests: put them back before nbgrader compares checksums,
+# so untouched notebooks raise no "checksum has changed" warning (edited test cells still do).
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "course.grading.hidden.RestoreHiddenTests",
+    "nbgrader.preprocessors.OverwriteCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+c.Autograde.autograde_preprocessors = [
+    "course.grading.limits.BoundedExecute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+# Feedback shows each test's name, points and message, never the hidden tests' code.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+    "course.grading.feedback.HideHiddenTests",
+]

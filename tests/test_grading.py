@@ -269,8 +269,10 @@ def graded(tmp_path_factory):
                 _submission(sub.assignment, answered=sub.answered, edits=sub.edits))
     gradebook = course / "gradebook.db"
     start = time.perf_counter()
-    rows = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT,
-                         log=lambda message: print(message, flush=True))
+    run = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT,
+                        log=lambda message: print(message, flush=True))
+    print(run.summary())
+    rows = run.rows
     seconds = time.perf_counter() - start
     notebooks = 2 * len(ASSIGNMENTS) + len(SUBMISSIONS)
     print(f"graded {notebooks} notebooks in {seconds:.0f} s ({seconds / notebooks:.1f} s each, "
@@ -353,10 +355,11 @@ def test_a_broken_submission_does_not_stop_the_run(graded):
     errors = [o.get("ename") for c in hung["cells"] for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert "CellTimeoutError" in errors or "KeyboardInterrupt" in errors, errors
-    with open(course / "grades.csv", newline="") as f:
+    with open(course / "course_grades.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert {(r["student_id"], r["assignment"]) for r in table} == expected
-    assert list(table[0]) == ["student_id", "assignment", "score", "max_score", "status"]
+    assert list(table[0]) == ["student_id", "assignment", "score", "max_score", "status",
+                              "reasons"]
 
 
 @pytest.mark.slow

@@ -46,13 +46,15 @@ def test_learner_modules_import_without_posix_only_modules():
 
 
 def test_kernel_without_resource_gets_no_memory_limit_and_a_warning(monkeypatch, caplog):
-    from course.grading.limits import NO_MEMORY_LIMIT, bounded_execute
+    import importlib.util
 
-    execute = bounded_execute()(memory_limit_mb=512, preload=[])
-    assert "setrlimit" in execute._kernel_code()          # POSIX: the limit is set
-    monkeypatch.setitem(sys.modules, "resource", None)     # import resource -> ImportError
-    execute.log = logging.getLogger("bounded-execute-test")
-    with caplog.at_level(logging.WARNING, logger="bounded-execute-test"):
-        code = execute._kernel_code()
-    assert "setrlimit" not in code
+    from course.grading.sandbox import NO_MEMORY_LIMIT, limit_command
+
+    assert "setrlimit" in " ".join(limit_command(512))        # POSIX: the limit is set
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "resource" else real_find_spec(name, *a))
+    log = logging.getLogger("limit-command-test")
+    with caplog.at_level(logging.WARNING, logger="limit-command-test"):
+        assert limit_command(512, log) == []
     assert NO_MEMORY_LIMIT in caplog.text

@@ -1,5 +1,6 @@
-"""The grader's command line: ``python -m course.grading {release,check,grade}``, and the
-entry points ``course-release``, ``course-check`` (learners) and ``course-grade`` (instructors)."""
+"""The grader's command line: ``python -m course.grading {release,edition,check,grade}``, and the
+entry points ``course-release``, ``course-edition``, ``course-check`` (learners) and
+``course-grade`` (instructors)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Sequence
 
 from .check import check, format_report
 from .grade import grade
+from .edition import learner_edition
 from .release import release
+from .report import GRADES_CSV
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,6 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
     p.add_argument("--release-dir", default=None,
                    help="write here instead of the course's exercises/")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite notebooks edited since the last release (a backup is kept "
+                        "in .exercises-backup/)")
+
+    p = commands.add_parser("edition", help="copy the learner edition of the course (book, "
+                                            "exercises, llmcore; no solutions/, no hidden "
+                                            "tests, no grading data) into OUT")
+    p.add_argument("out", help="the new folder (must not exist or be empty)")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
 
     p = commands.add_parser("check", help="run a notebook and print each visible test's result")
     p.add_argument("notebook",
@@ -35,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
     p.add_argument("--gradebook", default=None,
                    help="sqlite gradebook (default: COURSE/gradebook.db)")
-    p.add_argument("--csv", default=None, help="grades file (default: COURSE/grades.csv)")
+    p.add_argument("--csv", default=None,
+                   help="grades file (default: COURSE/course_grades.csv; nbgrader's own "
+                        "`nbgrader export` writes grades.csv)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
     p.add_argument("--assignment", action="append", default=None,
                    help="grade only this assignment (repeatable; default: all)")
@@ -43,30 +57,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     p.add_argument("--verbose", action="store_true",
                    help="also show nbgrader's warnings and errors")
+    p.add_argument("--workers", type=int, default=None,
+                   help="submissions graded at once (default: the number of cores)")
+    p.add_argument("--notebook-timeout", type=int, default=None,
+                   help="seconds a notebook's kernel may live before its sandbox is killed "
+                        "(default: config)")
+    p.add_argument("--unsandboxed-trusted", action="store_true",
+                   help="where the sandbox (bubblewrap) cannot start, run kernels without it: "
+                        "ONLY for trusted submissions")
 
     args = parser.parse_args(argv)
     try:
         if args.command == "release":
-            for path in release(args.course_dir, release_dir=args.release_dir):
+            for path in release(args.course_dir, release_dir=args.release_dir,
+                                force=args.force):
                 print(f"wrote {path}")
+            return 0
+        if args.command == "edition":
+            written = learner_edition(args.course_dir, args.out)
+            print(f"wrote the learner edition ({len(written)} files) to {Path(args.out).resolve()}")
             return 0
         if args.command == "check":
             report = check(args.notebook, timeout=args.timeout)
             print(format_report(report))
             return 0 if report.ok else 1
-        rows = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
-                     timeout=args.timeout, force=args.force, assignments=args.assignment,
-                     feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
-                     verbose=args.verbose)
+        run = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
+                    timeout=args.timeout, force=args.force, assignments=args.assignment,
+                    feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
+                    verbose=args.verbose, workers=args.workers,
+                    notebook_timeout=args.notebook_timeout,
+                    unsandboxed_trusted=args.unsandboxed_trusted)
+        rows = run.rows
         width = max([len(r.student) for r in rows] + [7])
         for r in rows:
             print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} "
                   f"{r.status}")
         course = Path(args.course_dir).resolve()
-        print(f"grades: {Path(args.csv) if args.csv else course / 'grades.csv'}; "
+        print(f"grades: {Path(args.csv) if args.csv else course / GRADES_CSV}; "
               f"feedback: {course / 'feedback'}")
+        print(run.summary())
         return 0
-    except (FileNotFoundError, RuntimeError, ValueError) as error:
+    except (FileNotFoundError, FileExistsError, RuntimeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
@@ -74,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def release_main() -> None:
     """``course-release [--course-dir DIR]``."""
     sys.exit(main(["release", *sys.argv[1:]]))
+
+
+def edition_main() -> None:
+    """``course-edition OUT [--course-dir DIR]``."""
+    sys.exit(main(["edition", *sys.argv[1:]]))
 
 
 def check_main() -> None:

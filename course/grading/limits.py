@@ -1,31 +1,18 @@
-"""Execution limits for a notebook's kernel: memory, preloaded modules, output per cell.
+"""Execution limits for a notebook: its kernel in the sandbox, preloaded modules, output per cell.
 
 :func:`bounded_execute` builds nbgrader's Execute preprocessor with those limits (on first use, so
 that importing this module does not import nbgrader); the learner's check and the instructor's
-grade both run notebooks with it.
-
-The memory limit is an rlimit, so it exists only where Python has the POSIX ``resource`` module
-(Linux, macOS); elsewhere (Windows) the kernel runs without one and a warning says so. Nothing
-here imports ``resource`` at module level: the learner's check imports this module on any OS.
+grade both run notebooks with it, and ``nbgrader_config.py`` names it
+(``course.grading.limits.BoundedExecute``) so that plain ``nbgrader autograde`` uses it too. Its
+kernels are started by :class:`course.grading.sandbox.SandboxedKernelManager` (sandbox, memory cap,
+wall clock per notebook). Nothing here or there imports ``resource`` at module level: the
+learner's check imports these modules on any OS, and where there is no ``resource`` (Windows) the
+kernel runs without a memory limit and a warning says so.
 """
 
 from __future__ import annotations
 
 import functools
-
-NO_MEMORY_LIMIT = ("memory limit not enforced: this OS has no `resource` module (POSIX only, "
-                   "e.g. Windows), so a notebook's kernel may use all the machine's memory")
-
-
-def _memory_limit_code(megabytes: int) -> str:
-    limit = megabytes * 2**20
-    return ("import resource as _resource\n"
-            "try:\n"
-            f"    _resource.setrlimit(_resource.RLIMIT_DATA, ({limit}, {limit}))\n"
-            "except (ValueError, OSError):\n"
-            "    pass\n"
-            "del _resource\n")
-
 
 @functools.cache
 def bounded_execute() -> type:
@@ -37,14 +24,16 @@ def bounded_execute() -> type:
     from traitlets import Integer, List, Unicode
 
     class BoundedExecute(Execute):
-        """Execute, where each kernel gets a memory limit and preloaded modules, and each cell
-        keeps at most max_output_chars of output (an error and the first stderr are always
-        kept, shortened, because they decide the cell's grade)."""
+        """Execute, where each kernel runs in the course's sandbox (its kernel manager) with
+        preloaded modules, and each cell keeps at most max_output_chars of output (an error
+        and the first stderr are always kept, shortened, because they decide the cell's
+        grade)."""
 
-        memory_limit_mb = Integer(
-            2048, help="Memory (RLIMIT_DATA) a notebook's kernel may allocate, in MiB; 0: no "
-                       "limit. Past it, allocations raise MemoryError instead of the machine "
-                       "running out.").tag(config=True)
+        def __init__(self, *args, **kwargs):
+            from .sandbox import SandboxedKernelManager
+            kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+            super().__init__(*args, **kwargs)
+
         max_output_chars = Integer(
             20_000, help="Characters of output a cell keeps; the rest is dropped while the "
                          "cell runs.").tag(config=True)
@@ -56,12 +45,6 @@ def bounded_execute() -> type:
 
         def _kernel_code(self) -> str:
             code = ""
-            if self.memory_limit_mb > 0:
-                try:
-                    import resource  # noqa: F401  (POSIX only)
-                    code += _memory_limit_code(self.memory_limit_mb)
-                except ImportError:     # Windows: no rlimits; the cell timeout still applies
-                    self.log.warning(NO_MEMORY_LIMIT)
             for name in self.preload:
                 code += f"import {name} as _preloaded\ndel _preloaded\n"
             return code
@@ -121,6 +104,14 @@ def bounded_execute() -> type:
             return out
 
     return BoundedExecute
+
+
+def __getattr__(name: str):
+    """``course.grading.limits.BoundedExecute``, built on first use (nbgrader_config.py names
+    it, and nbconvert imports it by that name)."""
+    if name == "BoundedExecute":
+        return bounded_execute()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _output_size(out) -> int:

@@ -54,7 +54,7 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     the course root to ``course_dir``, the gradebook (default ``course_dir/gradebook.db``), the
     cell timeout if given, and the grader's bounded Execute preprocessor.
     """
-    from nbgrader.converters import Autograde
+    from nbgrader.converters import Autograde, GenerateFeedback
     from nbgrader.preprocessors import Execute
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
@@ -73,6 +73,13 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     bounded = bounded_execute()
     defaults = Autograde.class_traits()["autograde_preprocessors"].default()
     config.Autograde.autograde_preprocessors = [bounded if p is Execute else p for p in defaults]
+    sanitize = Autograde.class_traits()["sanitize_preprocessors"].default()
+    at = next(i for i, p in enumerate(sanitize) if p.__name__ == "OverwriteCells")
+    config.Autograde.sanitize_preprocessors = [*sanitize[:at],
+                                               "course.grading.hidden.RestoreHiddenTests",
+                                               *sanitize[at:]]
+    feedback = GenerateFeedback.class_traits()["preprocessors"].default()
+    config.GenerateFeedback.preprocessors = [*feedback, "course.grading.feedback.HideHiddenTests"]
     return config
 
 
