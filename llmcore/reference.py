@@ -139,3 +139,36 @@ def gpt_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int | None = 
         layer += 1
     x = layer_norm(x, p["ln_f.scale"], p["ln_f.shift"], eps)
     return x @ p["token_embedding"].T
+
+
+def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
+    """Rotary embeddings, half-split pairs (i, i + d_head/2) turned by position * base^(-2i/d_head).
+
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints   ->   (..., n, d_head)."""
+    (x,) = _f64(x)
+    positions = np.asarray(positions)
+    half = x.shape[-1] // 2
+    theta = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+    angles = positions[..., None].astype(np.float64) * theta              # (..., n, half)
+    if positions.ndim == 2:
+        angles = angles.reshape(positions.shape[0], *(1,) * (x.ndim - 3), *angles.shape[1:])
+    a, b = x[..., :half], x[..., half:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def rms_norm(x, weight, eps: float = 1e-6) -> np.ndarray:
+    """Per row: weight * x / sqrt(mean(x^2) + eps): no mean subtracted, no shift."""
+    x, weight = _f64(x, weight)
+    return weight * x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)
+
+
+def silu(x) -> np.ndarray:
+    """x * sigmoid(x)."""
+    (x,) = _f64(x)
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(x, w_gate, w_up, w_down) -> np.ndarray:
+    """(silu(x w_gate) * (x w_up)) w_down: x (..., n, d) -> (..., n, d)."""
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
