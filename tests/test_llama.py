@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmcore import reference
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache, kv_bytes_per_token
 from llmcore.llama import Llama, LlamaConfig, config_from_hf, from_hf, load_hf_llama
@@ -36,6 +37,18 @@ def hf_llama(seed: int = 0, **overrides):
 
 def prompt(b=2, n=9, seed=1):
     return torch.randint(0, 97, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_float64_logits_equal_the_numpy_reference():
+    model = Llama(SMALL, dtype=torch.float64, seed=5).eval()
+    with torch.no_grad():                       # larger weights: a wrong piece shows clearly
+        for p in model.parameters():
+            p.mul_(5.0)
+        got = model(prompt())
+    want = reference.llama_forward(model.state_dict(), prompt().numpy(), n_heads=SMALL.n_heads,
+                                   n_kv_heads=SMALL.kv_heads, eps=SMALL.rms_eps)
+    assert abs(want).max() > 1.0
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
 
 
 def test_config_from_hf_reads_every_size():
