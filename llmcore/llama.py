@@ -97,7 +97,8 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: LlamaConfig, *, device=None, dtype=None):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.rope_base = config.n_heads, config.kv_heads, config.rope_base
+        self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
+        self.rope_base = config.rope_base
         d, d_kv = config.d_model, config.kv_heads * config.d_head
         self.w_q = _param(d, d, device=device, dtype=dtype)
         self.w_k = _param(d, d_kv, device=device, dtype=dtype)
@@ -224,7 +225,7 @@ class Llama(nn.Module):
 
 
 def _hf_rope_base(hf_config) -> float:
-    """rope_theta from a transformers LlamaConfig (``rope_parameters`` in v5, ``rope_theta`` before)."""
+    """rope_theta of a transformers LlamaConfig (``rope_parameters`` in v5, else ``rope_theta``)."""
     params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling",
                                                                     None) or {}
     if params.get("rope_type", params.get("type", "default")) != "default":
@@ -297,6 +298,6 @@ def load_hf_llama(state_dict: Mapping[str, Tensor], config: LlamaConfig, *,
 
 
 def from_hf(hf_model, *, device=None, dtype=None) -> Llama:
-    """:func:`load_hf_llama` on a transformers ``LlamaForCausalLM`` object, sizes from its config."""
+    """:func:`load_hf_llama` on a transformers ``LlamaForCausalLM``, sizes from its config."""
     return load_hf_llama(hf_model.state_dict(), config_from_hf(hf_model.config),
                          device=device, dtype=dtype)

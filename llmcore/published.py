@@ -1,4 +1,4 @@
-"""Sizes of published models the book cites, with their sources: one table, read by several chapters.
+"""Sizes of the published models the book cites, with their sources: one table for every chapter.
 
 Each entry gives what the KV cache and the FFN arithmetic need: L layers, h query heads, h_kv K/V
 heads, d_head, d_model and the FFN width f. Sources: GPT-2 small and XL from OpenAI's released

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE): rotate pairs of query/key features by position-dependent angles.
+"""Rotary position embeddings (RoPE): turn pairs of query/key features by position-dependent angles.
 
 A query or key row of d_head features is cut into d_head / 2 pairs; pair i is turned by the angle
 position * theta_i, with theta_i = base^(-2i / d_head) (base 10000): the first pairs spin fast,
