@@ -65,3 +65,43 @@ def ffn(x: Tensor, w_up: Tensor, b_up: Tensor | None, w_down: Tensor,
     """
     _check_ffn(x, w_up, b_up, w_down, b_down)
     return linear(gelu(linear(x, w_up, b_up)), w_down, b_down)
+
+
+def silu(x: Tensor) -> Tensor:
+    """SiLU (swish): x * sigmoid(x). Elementwise; equal to ``F.silu``. Chapter 11."""
+    return x * torch.sigmoid(x)
+
+
+def _check_swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> None:
+    check_operands(x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
+    sizes = check_shape("w_gate", w_gate, ("d", "f"))
+    check_shape("w_up", w_up, ("d", "f"), **sizes)
+    check_shape("x", x, ("...", "n", "d"), **sizes)
+    check_shape("w_down", w_down, ("f", "d"), **sizes)
+
+
+def swiglu_loop(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    """The gated FFN one token and one neuron at a time: neuron j's output is
+    silu(x . w_gate[:, j]) * (x . w_up[:, j]), a value gated by another projection of the same x.
+
+    x: (..., n, d)   w_gate, w_up: (d, f)   w_down: (f, d)   ->   (..., n, d). Chapter 11.
+    """
+    _check_swiglu(x, w_gate, w_up, w_down)
+    f = w_up.shape[1]
+    out = torch.empty_like(x)
+    for idx in np.ndindex(*x.shape[:-1]):                    # every token
+        hidden = torch.empty(f, dtype=x.dtype, device=x.device)
+        for j in range(f):                                   # every neuron: two columns
+            hidden[j] = silu(x[idx] @ w_gate[:, j]) * (x[idx] @ w_up[:, j])
+        out[idx] = hidden @ w_down
+    return out
+
+
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    """Same contract as :func:`swiglu_loop`: (silu(x w_gate) * (x w_up)) w_down, three matmuls.
+
+    x: (..., n, d) -> gate and up (..., n, f) -> (..., n, d). No biases (Llama has none).
+    Chapter 11.
+    """
+    _check_swiglu(x, w_gate, w_up, w_down)
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)

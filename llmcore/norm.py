@@ -48,3 +48,41 @@ def layer_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> 
     _check_norm(x, scale, shift)
     var, mean = torch.var_mean(x, dim=-1, keepdim=True, unbiased=False)   # (..., 1) each
     return scale * (x - mean) / torch.sqrt(var + eps) + shift
+
+
+RMS_EPS = 1e-6
+"""Added to the mean square before the square root; Llama's default (HF's ``rms_norm_eps``)."""
+
+
+def _check_rms(x: Tensor, weight: Tensor) -> None:
+    check_operands(x=x, weight=weight)
+    sizes = check_shape("x", x, ("...", "d"))
+    check_shape("weight", weight, ("d",), **sizes)
+
+
+def rms_norm_loop(x: Tensor, weight: Tensor, eps: float = RMS_EPS) -> Tensor:
+    """RMS norm one row (token) at a time: divide by the root mean square, then scale.
+
+    x: (..., d)   weight: (d,)   ->   (..., d). Unlike layer norm: no mean subtracted, no shift.
+    Chapter 11.
+    """
+    _check_rms(x, weight)
+    d = x.shape[-1]
+    out = torch.empty_like(x)
+    for idx in np.ndindex(*x.shape[:-1]):
+        row = x[idx]
+        mean_square = sum(row[c] ** 2 for c in range(d)) / d
+        out[idx] = weight * row / torch.sqrt(mean_square + eps)
+    return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = RMS_EPS) -> Tensor:
+    """Same contract as :func:`rms_norm_loop`, every row at once. Half precision is normalised in
+    float32 and cast back before the weight, as Hugging Face's Llama does.
+
+    x: (..., d)   weight: (d,)   ->   (..., d). Chapter 11.
+    """
+    _check_rms(x, weight)
+    wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    mean_square = wide.pow(2).mean(dim=-1, keepdim=True)                  # (..., 1)
+    return weight * (wide * torch.rsqrt(mean_square + eps)).to(x.dtype)

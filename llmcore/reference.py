@@ -139,3 +139,62 @@ def gpt_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int | None = 
         layer += 1
     x = layer_norm(x, p["ln_f.scale"], p["ln_f.shift"], eps)
     return x @ p["token_embedding"].T
+
+
+def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
+    """Rotary embeddings, half-split pairs (i, i + d_head/2) turned by position * base^(-2i/d_head).
+
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints   ->   (..., n, d_head)."""
+    (x,) = _f64(x)
+    positions = np.asarray(positions)
+    half = x.shape[-1] // 2
+    theta = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+    angles = positions[..., None].astype(np.float64) * theta              # (..., n, half)
+    if positions.ndim == 2:
+        angles = angles.reshape(positions.shape[0], *(1,) * (x.ndim - 3), *angles.shape[1:])
+    a, b = x[..., :half], x[..., half:]
+    cos, sin = np.cos(angles), np.sin(angles)
+    return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def rms_norm(x, weight, eps: float = 1e-6) -> np.ndarray:
+    """Per row: weight * x / sqrt(mean(x^2) + eps): no mean subtracted, no shift."""
+    x, weight = _f64(x, weight)
+    return weight * x / np.sqrt((x ** 2).mean(axis=-1, keepdims=True) + eps)
+
+
+def silu(x) -> np.ndarray:
+    """x * sigmoid(x)."""
+    (x,) = _f64(x)
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(x, w_gate, w_up, w_down) -> np.ndarray:
+    """(silu(x w_gate) * (x w_up)) w_down: x (..., n, d) -> (..., n, d)."""
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+
+
+def llama_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int, eps: float = 1e-6,
+                  base: float = 10000.0) -> np.ndarray:
+    """The whole Llama on one batch, from a ``state_dict`` of :class:`llmcore.llama.Llama`.
+
+    params: name -> array (torch tensors are converted); tokens: (b, n) ints -> logits (b, n, v).
+    """
+    p = {name: np.asarray(value.detach().cpu().double() if hasattr(value, "detach") else value,
+                          dtype=np.float64) for name, value in params.items()}
+    tokens = np.asarray(tokens)
+    positions = np.arange(tokens.shape[-1])
+    x = p["token_embedding"][tokens]
+    layer = 0
+    while f"blocks.{layer}.attn_norm.weight" in p:
+        pre = f"blocks.{layer}."
+        h = rms_norm(x, p[pre + "attn_norm.weight"], eps)
+        q = apply_rope(split_heads(linear(h, p[pre + "attention.w_q"]), n_heads), positions, base)
+        k = apply_rope(split_heads(linear(h, p[pre + "attention.w_k"]), n_kv_heads), positions,
+                       base)
+        v = split_heads(linear(h, p[pre + "attention.w_v"]), n_kv_heads)
+        x = x + linear(merge_heads(attention(q, k, v, causal=True)), p[pre + "attention.w_o"])
+        h = rms_norm(x, p[pre + "ffn_norm.weight"], eps)
+        x = x + swiglu(h, p[pre + "ffn.w_gate"], p[pre + "ffn.w_up"], p[pre + "ffn.w_down"])
+        layer += 1
+    return rms_norm(x, p["norm_f.weight"], eps) @ p["lm_head"]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from llmcore import reference, testing
-from llmcore.ffn import ffn, ffn_loop, gelu
+from llmcore.ffn import ffn, ffn_loop, gelu, silu, swiglu, swiglu_loop
 
 SETTINGS = settings(max_examples=15, deadline=None)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -113,3 +113,56 @@ X = torch.zeros(2, 5, 6)
 def test_ffn_refuses_bad_inputs(fn, x, w_up, b_up, w_down, b_down, error, message):
     with pytest.raises(error, match=message):
         fn(x, w_up, b_up, w_down, b_down)
+
+
+def swiglu_weights(rng, d, f, dtype=torch.float64):
+    return (testing.randn(rng, d, f, dtype=dtype) * d ** -0.5,
+            testing.randn(rng, d, f, dtype=dtype) * d ** -0.5,
+            testing.randn(rng, f, d, dtype=dtype) * f ** -0.5)
+
+
+def test_silu_ladder(rng):
+    x = testing.randn(rng, 3, 5, dtype=torch.float64) * 4
+    testing.assert_close(silu(x), reference.silu(x.numpy()), **F64)
+    testing.assert_close(silu(x), F.silu(x), **F64)
+
+
+@pytest.mark.parametrize("lead, n, d, f", [((2,), 5, 6, 16), ((), 3, 4, 10), ((2, 3), 2, 3, 8)])
+def test_swiglu_ladder(lead, n, d, f, rng):
+    x = testing.randn(rng, *lead, n, d, dtype=torch.float64)
+    w_gate, w_up, w_down = swiglu_weights(rng, d, f)
+    want = reference.swiglu(x.numpy(), w_gate.numpy(), w_up.numpy(), w_down.numpy())
+    testing.assert_close(swiglu_loop(x, w_gate, w_up, w_down), want, **F64)
+    testing.assert_close(swiglu(x, w_gate, w_up, w_down), want, **F64)
+    gate, up, down = (torch.nn.Linear(d, f, bias=False), torch.nn.Linear(d, f, bias=False),
+                      torch.nn.Linear(f, d, bias=False))
+    with torch.no_grad():
+        for layer, w in ((gate, w_gate), (up, w_up), (down, w_down)):
+            layer.weight.copy_(w.T.float())
+        want32 = down(F.silu(gate(x.float())) * up(x.float()))
+    torch.testing.assert_close(swiglu(x.float(), w_gate.float(), w_up.float(), w_down.float()), want32)
+
+
+def test_swiglu_has_three_matrices_where_the_gelu_ffn_has_two(rng):
+    d, f = 6, 16
+    w_gate, w_up, w_down = swiglu_weights(rng, d, f)
+    x = testing.randn(rng, 4, d, dtype=torch.float64)
+    assert sum(w.numel() for w in (w_gate, w_up, w_down)) == 3 * d * f     # GELU FFN: 2 d f
+    zero_gate = torch.zeros_like(w_gate)                 # silu(0) = 0 closes every gate
+    testing.assert_close(swiglu(x, zero_gate, w_up, w_down), torch.zeros(4, d, dtype=torch.float64),
+                         rtol=0, atol=0)
+
+
+def test_swiglu_follows_the_device(device, rng):
+    x, (w_gate, w_up, w_down) = testing.randn(rng, 2, 5, 6), swiglu_weights(rng, 6, 10, torch.float32)
+    out = swiglu(*(t.to(device) for t in (x, w_gate, w_up, w_down)))
+    assert out.device.type == device.type
+    torch.testing.assert_close(out.cpu(), swiglu(x, w_gate, w_up, w_down))
+    assert swiglu(*(t.to("meta") for t in (x, w_gate, w_up, w_down))).device.type == "meta"
+
+
+def test_swiglu_refuses_bad_inputs():
+    with pytest.raises(ValueError, match="w_up: expected shape"):
+        swiglu(torch.zeros(2, 3, 4), torch.zeros(4, 8), torch.zeros(4, 7), torch.zeros(8, 4))
+    with pytest.raises(ValueError, match="w_down: expected shape"):
+        swiglu_loop(torch.zeros(2, 3, 4), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8))

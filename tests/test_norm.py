@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from llmcore import reference, testing
-from llmcore.norm import LN_EPS, layer_norm, layer_norm_loop
+from llmcore.norm import LN_EPS, RMS_EPS, layer_norm, layer_norm_loop, rms_norm, rms_norm_loop
 
 SETTINGS = settings(max_examples=20, deadline=None)
 F64 = dict(rtol=1e-10, atol=1e-12)
@@ -95,3 +95,51 @@ def test_ladder_on_random_shapes(lead, d, offset, seed):
 def test_layer_norm_refuses_bad_inputs(fn, x, scale, shift, error, message):
     with pytest.raises(error, match=message):
         fn(x, scale, shift)
+
+
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_loop])
+@pytest.mark.parametrize("shape, eps", [((5, 8), RMS_EPS), ((2, 3, 4, 6), 1e-5), ((7,), 0.1)])
+def test_rms_norm_ladder(fn, shape, eps, rng):
+    d = shape[-1]
+    x = testing.randn(rng, *shape, dtype=torch.float64) * 2 + 0.5
+    weight = testing.randn(rng, d, dtype=torch.float64)
+    want = reference.rms_norm(x.numpy(), weight.numpy(), eps)
+    testing.assert_close(fn(x, weight, eps), want, **F64)
+    testing.assert_close(F.rms_norm(x, (d,), weight, eps), want, **F64)
+    torch.testing.assert_close(fn(x.float(), weight.float(), eps),
+                               F.rms_norm(x.float(), (d,), weight.float(), eps))
+
+
+def test_rms_norm_keeps_the_mean_that_layer_norm_removes(rng):
+    x = testing.randn(rng, 4, 6, dtype=torch.float64) + 3.0
+    ones, zeros = torch.ones(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+    out = rms_norm(x, ones, eps=0.0)
+    testing.assert_close(out.pow(2).mean(dim=-1), torch.ones(4, dtype=torch.float64), **F64)
+    assert (out.mean(dim=-1) > 0.5).all()                      # the offset survives ...
+    centred = x - x.mean(dim=-1, keepdim=True)                 # ... and on centred rows the two agree
+    testing.assert_close(rms_norm(centred, ones, eps=0.0), layer_norm(centred, ones, zeros, eps=0.0),
+                         **F64)
+
+
+def test_rms_norm_half_precision_normalises_in_float32(rng):
+    x, weight = testing.randn(rng, 3, 16) * 100, testing.randn(rng, 16)
+    got = rms_norm(x.bfloat16(), weight.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), rms_norm(x, weight), rtol=2e-2, atol=2e-2)
+
+
+def test_rms_norm_follows_the_device(device, rng):
+    x, weight = testing.randn(rng, 2, 5, 8), testing.randn(rng, 8)
+    for fn in (rms_norm, rms_norm_loop):
+        out = fn(x.to(device), weight.to(device))
+        assert out.device.type == device.type
+        torch.testing.assert_close(out.cpu(), rms_norm(x, weight))
+    assert rms_norm(x.to("meta"), weight.to("meta")).device.type == "meta"
+
+
+@pytest.mark.parametrize("fn", [rms_norm, rms_norm_loop])
+def test_rms_norm_refuses_bad_inputs(fn):
+    with pytest.raises(ValueError, match=r"weight: expected shape \(d=8\) with d = 8, got \(7,\)"):
+        fn(torch.zeros(2, 8), torch.zeros(7))
+    with pytest.raises(TypeError, match="x is torch.float32, weight is torch.float64"):
+        fn(torch.zeros(2, 8), torch.zeros(8, dtype=torch.float64))

@@ -1,0 +1,157 @@
+"""Rotary position embeddings (RoPE): turn pairs of query/key features by position-dependent angles.
+
+A query or key row of d_head features is cut into d_head / 2 pairs; pair i is turned by the angle
+position * theta_i, with theta_i = base^(-2i / d_head) (base 10000): the first pairs spin fast,
+the last ones slowly. Rotations compose, so the score of a query at position p and a key at
+position s, (R_p q) . (R_s k) = q . R_{s - p} k, depends only on s - p: relative position.
+
+Pairing convention: Hugging Face's Llama pairs feature i with feature i + d_head / 2 (its
+``rotate_half``); the RoFormer paper pairs neighbours (2i, 2i + 1). Both are the same rotation
+after a fixed permutation of the features (:func:`interleaved_order`), which converted checkpoints
+fold into the rows of w_q and w_k. llmcore uses the half-split pairing, so its numbers equal HF's.
+
+Three rungs, one contract: :func:`rope_loop` (one pair at a time), :func:`rope_matrix` (a
+block-diagonal rotation, up to that permutation, applied as x @ R^T) and :func:`apply_rope` (two
+elementwise products with cos/sin tables: what the model uses). Chapter 11.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .shapes import check_shape, check_tensor
+
+ROPE_BASE = 10000.0
+"""The base of the angle frequencies, theta_i = base^(-2i / d_head): RoFormer's and Llama 2's."""
+
+
+def _check_d_head(d_head: int) -> None:
+    if d_head <= 0 or d_head % 2:
+        raise ValueError(f"RoPE: d_head must be a positive even number (features come in pairs), "
+                         f"got {d_head}")
+
+
+def rope_frequencies(d_head: int, base: float = ROPE_BASE, *, device=None,
+                     dtype: torch.dtype = torch.float32) -> Tensor:
+    """theta_i = base^(-2i / d_head) for i = 0 .. d_head/2 - 1: radians per position of pair i.
+
+    -> (d_head / 2,). Computed as 1 / base^(2i / d_head), as Hugging Face does. Chapter 11.
+    """
+    _check_d_head(d_head)
+    exponents = torch.arange(0, d_head, 2, device=device, dtype=dtype) / d_head   # 2i / d_head
+    return 1.0 / (base ** exponents)
+
+
+def _check_positions(x: Tensor, positions: Tensor) -> None:
+    check_tensor("x", x)
+    check_tensor("positions", positions)
+    _check_d_head(x.shape[-1])
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x: expected a floating-point tensor, got {x.dtype}")
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise TypeError(f"positions: expected integer positions, got {positions.dtype}")
+    if positions.device != x.device:
+        raise ValueError(f"positions are on {positions.device} but x is on {x.device}")
+    n = check_shape("x", x, ("...", "n", "d_head"))["n"]
+    if positions.ndim == 1:
+        check_shape("positions", positions, (n,))
+    elif positions.ndim == 2 and x.ndim >= 3:
+        check_shape("positions", positions, (x.shape[0], n))
+    else:
+        raise ValueError(f"positions: expected (n,) = ({n},) or (b, n) = ({x.shape[0]}, {n}) for "
+                         f"x of shape {tuple(x.shape)}, got {tuple(positions.shape)}")
+
+
+def _table_dtype(x: Tensor) -> torch.dtype:
+    """Angles in float64 for float64 inputs, otherwise float32 (as HF: never in half precision)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def rope_loop(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
+    """RoPE one row and one pair at a time: pair (x_i, x_{i + d_head/2}) turned by pos * theta_i.
+
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints   ->   (..., n, d_head). Slow; tiny
+    shapes only. Chapter 11.
+    """
+    _check_positions(x, positions)
+    n, d_head = x.shape[-2], x.shape[-1]
+    half = d_head // 2
+    theta = rope_frequencies(d_head, base, device=x.device, dtype=_table_dtype(x))
+    out = torch.empty_like(x)
+    for idx in np.ndindex(*x.shape[:-2]):               # every (batch, head) index
+        for t in range(n):
+            pos = positions[t] if positions.ndim == 1 else positions[idx[0], t]
+            for i in range(half):
+                angle = pos.to(theta.dtype) * theta[i]
+                cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+                a, b = x[idx][t, i], x[idx][t, i + half]
+                out[idx][t, i] = a * cos - b * sin       # [cos -sin] [a]
+                out[idx][t, i + half] = a * sin + b * cos   # [sin  cos] [b]
+    return out
+
+
+def interleaved_order(d_head: int) -> list[int]:
+    """The feature order that puts each half-split pair side by side: [0, h, 1, h + 1, ...].
+
+    With ``order = interleaved_order(d_head)``, ``x[..., order]`` lays pair i at features
+    (2i, 2i + 1), the RoFormer paper's neighbour pairing. Chapter 11.
+    """
+    _check_d_head(d_head)
+    half = d_head // 2
+    return [j for i in range(half) for j in (i, i + half)]
+
+
+def rope_matrix(position: int, d_head: int, base: float = ROPE_BASE, *, device=None,
+                dtype: torch.dtype = torch.float64) -> Tensor:
+    """The rotation R_pos as a (d_head, d_head) matrix; rotate rows with ``x @ R.T``.
+
+    Built as the paper writes it, a block-diagonal matrix of 2 x 2 rotations by pos * theta_i
+    (neighbour pairs), then its rows and columns put back in half-split order. Chapter 11.
+    """
+    theta = rope_frequencies(d_head, base, device=device, dtype=torch.float64)
+    angles = position * theta                                               # (d_head/2,)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    blocks = [torch.stack([torch.stack([c, -s]), torch.stack([s, c])])
+              for c, s in zip(cos, sin)]                                    # each (2, 2)
+    interleaved = torch.block_diag(*blocks)                                 # (d_head, d_head)
+    order = torch.tensor(interleaved_order(d_head), device=device)
+    back = torch.argsort(order)                       # half-split feature j sits at back[j]
+    return interleaved[back][:, back].to(dtype)
+
+
+def rope_tables(positions: Tensor, d_head: int, base: float = ROPE_BASE, *,
+                dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin of every angle, each repeated for both halves of the features.
+
+    positions: (n,) or (b, n) ints -> cos, sin: positions.shape + (d_head,). Chapter 11.
+    """
+    theta = rope_frequencies(d_head, base, device=positions.device, dtype=dtype)
+    angles = positions.to(dtype)[..., None] * theta                         # (..., n, d_head/2)
+    angles = torch.cat([angles, angles], dim=-1)                            # (..., n, d_head)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(a, b) -> (-b, a) for the two halves of the last axis: the 90-degree turn of every pair.
+
+    x: (..., d_head) -> (..., d_head). Chapter 11.
+    """
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
+    """RoPE with no loop and no matrix: x * cos + rotate_half(x) * sin, elementwise.
+
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints (b = x.shape[0])   ->   (..., n, d_head).
+    Costs 4 n d_head multiply-adds per row instead of the matrix form's d_head^2. Chapter 11.
+    """
+    _check_positions(x, positions)
+    cos, sin = rope_tables(positions, x.shape[-1], base, dtype=_table_dtype(x))
+    if positions.ndim == 2:                      # (b, n, d_head): skip the axes between b and n
+        shape = (positions.shape[0],) + (1,) * (x.ndim - 3) + cos.shape[1:]
+        cos, sin = cos.view(shape), sin.view(shape)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
