@@ -161,3 +161,11 @@ def test_matmul_peak_is_a_positive_rate(device):
         matmul_peak_gflops("meta")
     with pytest.raises(TypeError, match="expected a floating-point dtype"):
         matmul_peak_gflops("cpu", dtype=torch.int32, size=8)
+
+
+def test_small_ratios_keep_their_digits():
+    """A ratio below 0.01 (tiny --quick sizes on a busy machine) must not print as 0.00x."""
+    from course.bench.ops import format_ratio
+    assert [format_ratio(v) for v in (3124.4, 12.5, 0.5, 0.0123, 0.00042)] == \
+        ["3124", "12.50", "0.50", "0.012", "0.00042"]
+    assert float(format_ratio(1e-6)) > 0

@@ -19,6 +19,7 @@ measured float32 matmul (:func:`llmcore.timing.matmul_peak_gflops`). Chapters 2,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
@@ -114,10 +115,19 @@ def write_table(out: TextIO, title: str, rows: list[Row], peak: float) -> None:
                   f"{rate:>9.3g} {100 * rate / peak:>6.2g}% {row.error:>10.1e}\n")
 
 
+def format_ratio(value: float) -> str:
+    """A ratio with at least two significant digits and no exponent: 3124, 12.50, 0.0042."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 1 or value <= 0:
+        return f"{value:.2f}"
+    return f"{value:.{1 - math.floor(math.log10(value))}f}"       # 0.0042: two significant
+
+
 def write_ratio(out: TextIO, label: str, value: float, *, at_least: float | None = None,
                 at_most: float | None = None, checked: bool = True) -> None:
     """``ratio <label>: <value>x``, then the expectation and whether it held (if there is one)."""
-    line = f"ratio {label}: {value:.2f}x" if value < 100 else f"ratio {label}: {value:.0f}x"
+    line = f"ratio {label}: {format_ratio(value)}x"
     if at_least is not None or at_most is not None:
         bound = f">= {at_least:g}x" if at_least is not None else f"<= {at_most:g}x"
         held = (at_least is None or value >= at_least) and (at_most is None or value <= at_most)
