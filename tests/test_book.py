@@ -26,7 +26,7 @@ PAGES = toc_pages()
 EXECUTED = book_site.executed_pages()
 
 PARTS = {"Foundations": (1, 2), "Attention": (3, 4), "The model": (5, 6),
-         "Inference": (7, 8, 9), "Beyond": (10, 11)}
+         "Inference": (7, 8, 9), "Beyond": (10, 11, 12)}
 """Which chapters each part of the table of contents holds (notes/CHAPTERS.md)."""
 
 
