@@ -108,3 +108,21 @@ def test_meta_device_generation_makes_nothing_on_the_cpu():
     assert out.shape == (3, 9) and out.device.type == "meta"
     mask = torch.ones(3, 5, dtype=torch.bool, device="meta")
     assert generate(model, prompt, 4, attention_mask=mask, fast=True).shape == (3, 9)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_transformers_generates_the_same_tokens_from_the_same_weights(b, tmp_path):
+    """llmcore (teaching and fast) == Hugging Face transformers' GPT2LMHeadModel loaded from
+    llmcore.save_gpt2's directory: greedy tokens, batch 1 and 16 with mixed prompt lengths."""
+    transformers = pytest.importorskip("transformers", reason="transformers (dev extra) is absent")
+    from llmcore import save_gpt2
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = randomize(GPT(TINY), seed=9).eval()
+    save_gpt2(model, tmp_path)
+    peer = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompt, mask = mixed_lengths(TINY, b, 8, "cpu", seed=b)
+    want = peer.generate(input_ids=prompt, attention_mask=mask.long(), max_new_tokens=12,
+                         min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(generate(model, prompt, 12, attention_mask=mask, fast=True), want)
+    assert torch.equal(generate(model, prompt, 12, attention_mask=mask), want)
