@@ -23,7 +23,6 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -195,7 +194,7 @@ def model_card(metrics: dict) -> str:
                   "machine needs.", ""]
     if t.get("note"):
         lines += [t["note"], ""]
-    defaults = asdict(TrainConfig())
+    defaults = TrainConfig().settings()
     if all(t[key] == value for key, value in defaults.items()):
         how = "`python -m course.ship` (its defaults are these settings)"
     else:
@@ -358,14 +357,12 @@ def shipped_folder(name: str) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    defaults = TrainConfig()
+    defaults = TrainConfig().settings()
     parser = argparse.ArgumentParser(
         prog="python -m course.ship",
         description="Train the course's byte-level GPT on the Python standard library.")
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = type(getattr(defaults, f.name))
-        parser.add_argument(flag, type=kind, default=getattr(defaults, f.name),
+    for name, default in defaults.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                             help="(default: %(default)s)")
     parser.add_argument("--name", default=DEFAULT_MODEL, help="model name (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
@@ -394,7 +391,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the whole pipeline of the module docstring; returns the metrics it wrote."""
     started = time.perf_counter()
     args = parse_args(argv)
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    config = TrainConfig.from_settings(**{name: getattr(args, name)
+                                          for name in TrainConfig().settings()})
     threads = args.threads or usable_cores()
     torch.set_num_threads(threads)
     out = shipped_folder(args.name) if args.ship else (args.out or Path("runs") / args.name)
@@ -426,15 +424,15 @@ def main(argv: list[str] | None = None) -> dict:
     weights_dtype = getattr(torch, args.weights_dtype)
     save_checkpoint(model, out, weights_dtype)
     stored = load_gpt2(out, dtype=torch.float32)           # score what users will load
-    windows = evaluation_windows(validation_tokens, config.max_seq_len)
+    seq_len = config.model.max_seq_len
+    windows = evaluation_windows(validation_tokens, seq_len)
     val_bits = evaluate_bits_per_byte(stored, windows)
     slice_windows = 8
-    middle = (windows.shape[0] // 2) * config.max_seq_len   # a fixed slice mid-split
-    slice_bytes = corpus.validation.data[middle:middle + slice_windows * config.max_seq_len + 1]
+    middle = (windows.shape[0] // 2) * seq_len                # a fixed slice mid-split
+    slice_bytes = corpus.validation.data[middle:middle + slice_windows * seq_len + 1]
     (out / SLICE_FILE).write_bytes(slice_bytes)
     slice_tokens = torch.frombuffer(bytearray(slice_bytes), dtype=torch.uint8)
-    slice_bits = evaluate_bits_per_byte(stored, evaluation_windows(slice_tokens,
-                                                                   config.max_seq_len))
+    slice_bits = evaluate_bits_per_byte(stored, evaluation_windows(slice_tokens, seq_len))
     samples = generations(stored, seed=config.seed)
     print(f"validation: {val_bits:.3f} bits/byte (unigram {baselines['unigram']:.3f}, "
           f"bigram {baselines['bigram']:.3f})")
@@ -443,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"--- sampled (temperature {g['temperature']}, seed {g['seed']}):\n"
               f"{g['prompt']}{g['sampled']}")
 
-    tokens_seen = config.steps * config.batch_size * config.max_seq_len
+    tokens_seen = config.steps * config.batch_size * seq_len
     metrics = {
         "name": args.name,
         "created": datetime.date.today().isoformat(),
@@ -453,7 +451,7 @@ def main(argv: list[str] | None = None) -> dict:
         "weights_sha256": sha256_file(out / WEIGHTS_FILE),
         "tokenizer": "bytes",
         "training": {
-            **asdict(config), "threads": threads, "device": str(args.device),
+            **config.settings(), "threads": threads, "device": str(args.device),
             "tokens_seen": tokens_seen, "machine": describe_machine(args.device),
             "wall_seconds": round(history.wall_seconds, 1),
             "cpu_seconds": round(history.cpu_seconds, 1),
@@ -467,9 +465,9 @@ def main(argv: list[str] | None = None) -> dict:
         "baselines": {"unigram_bits_per_byte": baselines["unigram"],
                       "bigram_bits_per_byte": baselines["bigram"]},
         "validation": {"bits_per_byte": val_bits, "windows": int(windows.shape[0]),
-                       "bytes_scored": int(windows.shape[0] * config.max_seq_len)},
+                       "bytes_scored": int(windows.shape[0] * seq_len)},
         "fixed_slice": {"file": SLICE_FILE, "bytes": len(slice_bytes),
-                        "n_windows": slice_windows, "seq_len": config.max_seq_len,
+                        "n_windows": slice_windows, "seq_len": seq_len,
                         "validation_offset": middle, "bits_per_byte": slice_bits},
         "history": {"eval_steps": history.eval_steps, "eval_bits": history.eval_bits,
                     "train_bits_every_10": history.train_bits[::10]},

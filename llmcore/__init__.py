@@ -14,8 +14,8 @@ from .generate import decode_steps, generate, sample
 from .kvcache import KVCache, kv_bytes_per_token
 from .matmul import dot_loop, linear, linear_loop, matmul, matmul_loop
 from .model import GPT, GPTConfig
-from .multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
-                        multihead_attention_qkv, qkv_projection)
+from .multihead import (fuse_qkv, merge_heads, multihead_attention, multihead_attention_loop,
+                        multihead_attention_qkv, qkv_projection, split_heads)
 from .norm import layer_norm, layer_norm_loop
 from .peak_memory import peak_memory
 from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
@@ -23,7 +23,7 @@ from .parallel import shard_attention_weights, tensor_parallel_attention
 from .prefix import SharedPrefixCache
 from .pretrained import load_pretrained
 from .serving import Request, Scheduler, serve
-from .shapes import NEG_INF, causal_mask, merge_heads, split_heads
+from .masks import NEG_INF, causal_mask
 from .softmax import softmax, softmax_loop
 from .tiled import online_softmax, online_softmax_loop, tiled_attention
 

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .shapes import causal_mask, check_operands, check_shape, check_tensor, mask_bias
+from .masks import causal_mask, mask_bias
+from .shapes import check_operands, check_shape, check_tensor
 from .softmax import softmax
 
 BACKENDS = ("explicit", "fused")

@@ -18,7 +18,8 @@ from .layout import contiguous_layout
 from .model import GPT
 from .norm import layer_norm
 from .multihead import qkv_projection
-from .shapes import NEG_INF, causal_mask, check_operands, check_shape
+from .masks import NEG_INF, causal_mask
+from .shapes import check_operands, check_shape
 from .softmax import softmax
 
 

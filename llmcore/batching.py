@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .generate import decode_steps
 from .kvcache import KVCache
+from .prefix import SharedPrefixCache
 
 TokenList = Sequence[int]
 
@@ -70,7 +71,6 @@ def generate_batch(model, prompts: Sequence[TokenList | Tensor],
     if prefix is not None:
         if not use_cache:
             raise ValueError("prefix sharing needs the KV cache: use_cache=True")
-        from .prefix import SharedPrefixCache                    # prefix builds on this module
         prefix_ids = torch.as_tensor(prefix, dtype=torch.long, device=device).reshape(1, -1)
         cache = SharedPrefixCache.prefill(model, prefix_ids, batch_size=b)
     elif use_cache:

@@ -14,8 +14,10 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from .cache import Cache
 from .kvcache import KVCache
-from .shapes import NEG_INF, check_shape, check_tensor
+from .masks import NEG_INF
+from .shapes import check_shape, check_tensor
 from .softmax import softmax
 
 
@@ -72,7 +74,8 @@ class DecodeStep:
 def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
                  temperature: float = 0.0, top_k: int | None = None,
                  seed: int | Sequence[int] | None = None, attention_mask: Tensor | None = None,
-                 cache=None, backend: str = "explicit") -> Iterator[DecodeStep]:
+                 cache: Cache | None = None,
+                 backend: str = "explicit") -> Iterator[DecodeStep]:
     """Yield each step's last-row logits and chosen tokens; ``generate`` collects them.
 
     prompt_ids: (b, n); attention_mask: (b, n) with 0 for left padding; cache: an empty cache to
@@ -113,7 +116,7 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: b
 def generate(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None,
              seed: int | Sequence[int] | None = None, eos_id: int | None = None,
-             attention_mask: Tensor | None = None, cache=None,
+             attention_mask: Tensor | None = None, cache: Cache | None = None,
              backend: str = "explicit", fast: bool = False) -> Tensor:
     """Generate up to max_new_tokens after each prompt.
 

@@ -5,16 +5,10 @@ earlier token, and those never change (the weights are fixed and the past is cau
 kept instead of recomputed. Q is not kept: only the newest query is ever needed again.
 
 Every cache kind in llmcore (this contiguous one, ``llmcore.prefix.SharedPrefixCache`` and
-``llmcore.paged.PagedKVCache``) speaks one protocol to the model, in this order per forward call:
-
-- ``max_length``: the most tokens any of its sequences holds (for the max_seq_len check);
-- ``prepare(b, n, attention_mask) -> Layout``: check that n more tokens fit, make room, and say
-  where they sit; it raises before anything is written, so a refused call changes nothing;
-- ``attend(layer, q, k, v, layout, backend) -> out``: store this layer's new K and V rows
-  (b, h_kv, n, d_head) and return the new queries' attention over everything they may see,
-  (b, h, n, d_head). Most kinds do it as :func:`attend_after_update`: ``update`` the store, which
-  returns all visible rows (b, h_kv, m, d_head), then call :func:`llmcore.attention.attention`;
-- ``commit(n, attention_mask)``: the new tokens now count as cached.
+``llmcore.paged.PagedKVCache``'s batches) satisfies :class:`llmcore.cache.Cache`, the interface the
+model uses: ``max_length``, ``prepare``, ``attend`` once per layer, ``commit``. Most kinds attend
+as :func:`attend_after_update`: ``update`` the store, which returns all visible rows
+(b, h_kv, m, d_head), then call :func:`llmcore.attention.attention`.
 
 Chapter 7.
 """
@@ -91,6 +85,7 @@ class KVCache:
 
     @property
     def max_length(self) -> int:
+        """Tokens cached so far (every sequence of the batch shares the slot count)."""
         return self.length
 
     @property
@@ -98,6 +93,10 @@ class KVCache:
         return self.keys[0].device
 
     def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        """Room for n new slots (growing the buffers if needed); their positions and mask.
+
+        attention_mask: (b, n) bool or None -> Layout (positions (b, n), mask or None). See
+        :meth:`llmcore.cache.Cache.prepare`."""
         self.reserve(b, n)
         past_valid = None if self.valid is None else self.valid[:, :self.length]
         return contiguous_layout(b, n, past_slots=self.length, past_valid=past_valid,
@@ -148,6 +147,8 @@ class KVCache:
         return attend_after_update(self, layer, q, k, v, layout, backend)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
+        """The n slots written by this call now count; attention_mask (b, n) records which of
+        them are padding (never attended to later)."""
         if attention_mask is not None and self.valid is None:
             self.valid = torch.ones(self.batch_size, self.capacity, dtype=torch.bool,
                                     device=self.device)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .shapes import causal_mask, check_shape, check_tensor
+from .masks import causal_mask
+from .shapes import check_shape, check_tensor
 
 
 @dataclass(frozen=True)

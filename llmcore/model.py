@@ -20,12 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from .attention import BACKENDS, attention
+from .cache import Cache
 from .ffn import ffn
 from .layout import Layout, check_attention_mask, contiguous_layout
 from .matmul import linear
-from .multihead import head_sizes, qkv_projection
+from .multihead import head_sizes, merge_heads, qkv_projection
 from .norm import LN_EPS, layer_norm
-from .shapes import check_shape, check_tensor, merge_heads
+from .shapes import check_shape, check_tensor
 
 INIT_STD = 0.02
 """Standard deviation of GPT-2's initial weights; residual output projections get
@@ -101,8 +102,8 @@ class Attention(nn.Module):
         self.w_o = _param(d, d, device=device, dtype=dtype)
         self.b_o = _param(d, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, layout: Layout, cache=None, layer: int = 0,
-                backend: str = "explicit") -> Tensor:
+    def forward(self, x: Tensor, layout: Layout, cache: Cache | None = None,
+                layer: int = 0, backend: str = "explicit") -> Tensor:
         """x: (b, n, d) -> (b, n, d). With a cache, the queries also see the cached past."""
         q, k, v = qkv_projection(x, self.w_qkv, self.b_qkv, n_heads=self.n_heads,
                                  n_kv_heads=self.n_kv_heads)       # (b, h, n, d_head), (b, h_kv, n, d_head)
@@ -140,8 +141,8 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.d_model, config.ln_eps, device=device, dtype=dtype)
         self.ffn = FeedForward(config, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, layout: Layout, cache=None, layer: int = 0,
-                backend: str = "explicit") -> Tensor:
+    def forward(self, x: Tensor, layout: Layout, cache: Cache | None = None,
+                layer: int = 0, backend: str = "explicit") -> Tensor:
         x = x + self.attention(self.ln_1(x), layout, cache, layer, backend)   # residual
         return x + self.ffn(self.ln_2(x))                                    # residual
 
@@ -216,12 +217,13 @@ class GPT(nn.Module):
                                  f"values from {low} to {high}")
         return tokens
 
-    def forward(self, tokens: Tensor, cache=None, *, attention_mask: Tensor | None = None,
-                backend: str = "explicit", last_only: bool = False) -> Tensor:
+    def forward(self, tokens: Tensor, cache: Cache | None = None, *,
+                attention_mask: Tensor | None = None, backend: str = "explicit",
+                last_only: bool = False) -> Tensor:
         """Logits for every position, or only the last with ``last_only``.
 
         tokens: (b, n) ids   attention_mask: (b, n), 1 for real tokens, 0 for padding (optional)
-        cache: a KV cache (llmcore.kvcache, llmcore.paged) holding the sequences' past; it gains
+        cache: a KV cache (any llmcore.cache.Cache) holding the sequences' past; it gains
         these n tokens. -> logits (b, n, v), or (b, 1, v) with last_only.
         """
         if backend not in BACKENDS:

@@ -12,7 +12,29 @@ from torch import Tensor
 
 from .attention import attention
 from .matmul import linear
-from .shapes import check_operands, check_shape, merge_heads, split_heads
+from .shapes import check_operands, check_shape
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    """Cut the feature axis into heads and move heads before tokens. A view: no data moves.
+
+    x: (..., n, h * d_head) -> (..., h, n, d_head). Chapter 4.
+    """
+    *lead, n, d = x.shape
+    if d % n_heads:
+        raise ValueError(f"split_heads: last dimension {d} of x {tuple(x.shape)} is not divisible "
+                         f"by n_heads = {n_heads}")
+    return x.view(*lead, n, n_heads, d // n_heads).transpose(-3, -2)   # (..., h, n, d_head)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """Undo :func:`split_heads`: heads side by side again along the features.
+
+    x: (..., h, n, d_head) -> (..., n, h * d_head). After the transpose the memory is no longer
+    row-major, so ``reshape`` copies (``view`` would raise). Chapter 4.
+    """
+    *lead, h, n, d_head = x.shape
+    return x.transpose(-3, -2).reshape(*lead, n, h * d_head)           # (..., n, d)
 
 
 def head_sizes(d: int, n_heads: int, n_kv_heads: int | None = None) -> tuple[int, int]:

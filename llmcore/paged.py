@@ -219,6 +219,31 @@ class PagedKVCache:
         """Blocks that hold ``tokens`` tokens: ceil(tokens / p)."""
         return math.ceil(tokens / self.block_size)
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool."""
+        return self.allocator.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the free list right now."""
+        return self.allocator.num_free
+
+    def can_ever_hold(self, n_tokens: int) -> bool:
+        """Whether one sequence of n_tokens tokens fits in the whole pool (with nothing else)."""
+        return self.blocks_for(n_tokens) <= self.num_blocks
+
+    def can_admit(self, n_tokens: int, *, reserved_blocks: int = 0) -> bool:
+        """Whether a new sequence that will grow to n_tokens tokens fits in the free blocks,
+        after ``reserved_blocks`` blocks are kept for sequences already running (the blocks
+        they may still take). The scheduler asks this, as vLLM's asks its block manager's
+        ``can_allocate``, instead of counting the allocator's blocks itself."""
+        if n_tokens < 1:
+            raise ValueError(f"can_admit: n_tokens must be >= 1, got {n_tokens}")
+        if reserved_blocks < 0:
+            raise ValueError(f"can_admit: reserved_blocks must be >= 0, got {reserved_blocks}")
+        return self.blocks_for(n_tokens) <= self.num_free_blocks - reserved_blocks
+
     def blocks_needed(self, seq_id: Hashable, n: int) -> int:
         """New blocks that appending n tokens to the sequence takes, copy on write included."""
         seq = self._get(seq_id)
@@ -317,8 +342,8 @@ class LengthGroup:
 
 
 class PagedBatch:
-    """The cache protocol of :mod:`llmcore.kvcache` over some sequences of a
-    :class:`PagedKVCache`. Sequences may have different lengths; no padding is involved."""
+    """Some sequences of a :class:`PagedKVCache`, as one :class:`llmcore.cache.Cache` for a
+    forward call. Sequences may have different lengths; no padding is involved."""
 
     def __init__(self, cache: PagedKVCache, seq_ids: list[Hashable]):
         if len(set(seq_ids)) != len(seq_ids):
@@ -330,9 +355,15 @@ class PagedBatch:
 
     @property
     def max_length(self) -> int:
+        """Tokens held by the longest sequence of the batch."""
         return max((self.cache.length(s) for s in self.seq_ids), default=0)
 
     def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        """Allocate the blocks n more tokens per sequence need (all or nothing: OutOfBlocks
+        before any is taken), and lay out each sequence's new tokens after its own length.
+
+        attention_mask: must be None or all True (no padding) -> Layout with a (b, 1, n, m) mask,
+        m = longest length + n."""
         cache = self.cache
         if b != len(self.seq_ids):
             raise ValueError(f"batch-size mismatch: tokens hold b = {b} sequences, the batch "
@@ -421,6 +452,7 @@ class PagedBatch:
         return out
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
+        """Each sequence of the batch now holds n more tokens."""
         for seq_id in self.seq_ids:
             self.cache.sequences[seq_id].length += n
         self._pending = None

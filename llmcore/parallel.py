@@ -29,7 +29,8 @@ from torch import Tensor
 from .attention import attention
 from .matmul import linear
 from .multihead import head_sizes
-from .shapes import check_operands, check_shape, merge_heads, split_heads
+from .multihead import merge_heads, split_heads
+from .shapes import check_operands, check_shape
 
 PROCESS_GROUP_TIMEOUT = timedelta(seconds=60)
 """How long a rank waits for the others (to join, or in a collective) before giving up."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from .attention import attention_scores, weighted_values
 from .kvcache import KVCache
 from .layout import Layout, contiguous_layout
-from .shapes import causal_mask, mask_bias
+from .masks import causal_mask, mask_bias
 from .softmax import softmax
 
 
@@ -28,7 +28,7 @@ class SharedPrefixCache:
 
     prefix: a filled :class:`KVCache` of batch size 1 (its K/V are shared, never copied per
     sequence); own: a :class:`KVCache` of batch size b for the tokens after the prefix.
-    Speaks the cache protocol of :mod:`llmcore.kvcache`. Chapter 8.
+    Satisfies :class:`llmcore.cache.Cache`. Chapter 8.
     """
 
     def __init__(self, prefix: KVCache, own: KVCache):
@@ -65,9 +65,12 @@ class SharedPrefixCache:
 
     @property
     def max_length(self) -> int:
+        """Tokens each sequence holds: the shared prefix plus its own."""
         return self.prefix.length + self.own.length
 
     def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        """Room for n new tokens in each sequence's own cache; positions continue after the
+        prefix. attention_mask: (b, n) bool or None -> Layout."""
         self.own.reserve(b, n)                                   # checks batch size and room
         past_valid = None
         if self.own.valid is not None:
@@ -102,6 +105,7 @@ class SharedPrefixCache:
         return out_shared + weighted_values(weights[..., p:], own_v)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
+        """The new tokens count in each sequence's own cache (the prefix never changes)."""
         self.own.commit(n, attention_mask)
 
     def reserved_bytes(self) -> int:

@@ -96,9 +96,9 @@ class Scheduler:
             raise ValueError(f"request {request.id!r}: {len(request.prompt)} prompt + "
                              f"{request.max_new_tokens} new tokens exceed max_seq_len = "
                              f"{self.cache.max_seq_len}")
-        if self.cache.blocks_for(total) > self.cache.allocator.num_blocks:
+        if not self.cache.can_ever_hold(total):
             raise ValueError(f"request {request.id!r} needs {self.cache.blocks_for(total)} blocks, "
-                             f"more than the whole pool ({self.cache.allocator.num_blocks})")
+                             f"more than the whole pool ({self.cache.num_blocks})")
         self.waiting.append(request)
 
     @staticmethod
@@ -118,8 +118,8 @@ class Scheduler:
             if self.max_batch_size is not None and len(self.running) >= self.max_batch_size:
                 break
             request = self.waiting[0]
-            room = self.cache.allocator.num_free - self._promised_blocks()
-            if self.cache.blocks_for(self._max_tokens(request)) > room:
+            if not self.cache.can_admit(self._max_tokens(request),
+                                        reserved_blocks=self._promised_blocks()):
                 break                                   # oldest first: later ones wait too
             self.waiting.popleft()
             generator = None
@@ -154,7 +154,7 @@ class Scheduler:
         finished = [rid for rid, a in self.running.items() if a.done]
         self.timeline.append(StepRecord(
             self.step_count, {rid: self.cache.block_table(rid) for rid in self.running},
-            tuple(r.id for r in self.waiting), tuple(finished), self.cache.allocator.num_free))
+            tuple(r.id for r in self.waiting), tuple(finished), self.cache.num_free_blocks))
         for rid in finished:
             self.finished[rid] = self.running.pop(rid).output
             self.cache.free_sequence(rid)

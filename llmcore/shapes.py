@@ -1,4 +1,4 @@
-"""The shape legend, argument checks that name what they expected, and the head reshapes.
+"""The shape legend, and argument checks that name what they expected and what came.
 
 Legend, used in every docstring of the package and in the book::
 
@@ -17,11 +17,6 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
-
-NEG_INF = float("-inf")
-"""The score a masked key gets: exp(-inf) = 0 exactly, so it receives no weight. A row whose keys
-are all masked (a padding query) comes out of :func:`llmcore.softmax.softmax` as all zeros."""
-
 
 def check_tensor(name: str, x: object) -> Tensor:
     """Raise a TypeError naming ``name`` unless ``x`` is a torch tensor; return it."""
@@ -121,53 +116,3 @@ def check_operands(**tensors: Tensor | None) -> None:
                 raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
         return
     check_same_dtype(**tensors)
-
-
-def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """Cut the feature axis into heads and move heads before tokens. A view: no data moves.
-
-    x: (..., n, h * d_head) -> (..., h, n, d_head). Chapter 4.
-    """
-    *lead, n, d = x.shape
-    if d % n_heads:
-        raise ValueError(f"split_heads: last dimension {d} of x {tuple(x.shape)} is not divisible "
-                         f"by n_heads = {n_heads}")
-    return x.view(*lead, n, n_heads, d // n_heads).transpose(-3, -2)   # (..., h, n, d_head)
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """Undo :func:`split_heads`: heads side by side again along the features.
-
-    x: (..., h, n, d_head) -> (..., n, h * d_head). After the transpose the memory is no longer
-    row-major, so ``reshape`` copies (``view`` would raise). Chapter 4.
-    """
-    *lead, h, n, d_head = x.shape
-    return x.transpose(-3, -2).reshape(*lead, n, h * d_head)           # (..., n, d)
-
-
-def mask_bias(allowed: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The additive mask M of softmax(scores + M): 0 where ``allowed``, -inf elsewhere.
-
-    allowed: bool, any shape -> a float tensor of that shape, on its device. Adding M is one
-    pass over the scores (masked_fill with a broadcast bool mask is several times slower on the
-    CPU), and exp(-inf) = 0 gives the blocked keys exactly zero weight. Chapter 3.
-    """
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-        ~allowed, NEG_INF)
-
-
-def causal_mask(n: int, m: int, device: torch.device | str | None = None) -> Tensor:
-    """Which keys each query may see: True where query i may attend to key j.
-
-    (n, m) bool, bottom-right aligned: query i is token m - n + i of the sequence, so it sees keys
-    j <= i + (m - n). With m == n this is the lower triangle; with a cache (m > n) the newest
-    queries see every cached key. Chapter 3 (and 7 for m > n).
-
-    >>> causal_mask(2, 4).int().tolist()
-    [[1, 1, 1, 0], [1, 1, 1, 1]]
-    """
-    if n > m:
-        raise ValueError(f"causal_mask: n = {n} queries but only m = {m} keys; expected m >= n "
-                         "(each query is one of the last n keys)")
-    # the lower triangle, its diagonal shifted right by m - n: keeps j - i <= m - n
-    return torch.ones(n, m, dtype=torch.bool, device=device).tril_(m - n)   # (n, m)

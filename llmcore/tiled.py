@@ -30,7 +30,8 @@ import torch
 from torch import Tensor
 
 from .attention import check_attention_inputs
-from .shapes import NEG_INF, check_tensor
+from .masks import NEG_INF
+from .shapes import check_tensor
 
 DEFAULT_BLOCK = 128
 """Default tile size (queries and keys). A (128, 128) float32 score tile is 64 KiB."""

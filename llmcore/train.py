@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +26,20 @@ from .tokenizer import VOCAB_SIZE
 RUNNING_STEPS = 20
 """The progress bar shows the mean training loss of this many recent steps."""
 
+SHIPPED_MODEL = GPTConfig(vocab_size=VOCAB_SIZE, max_seq_len=128, d_model=128, n_heads=4,
+                          n_layers=4)
+"""The shipped model's sizes (vocab_size is 256: bytes)."""
+
+MODEL_SETTINGS = ("d_model", "n_layers", "n_heads", "max_seq_len")
+"""The model's sizes a training run sets (the rest keep GPTConfig's defaults)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every setting of a training run; the defaults made the shipped model."""
+    """Every setting of a training run: the model's sizes (a GPTConfig) and the optimisation's.
+    The defaults made the shipped model."""
 
-    # the model (vocab_size is 256: bytes)
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    max_seq_len: int = 128
+    model: GPTConfig = SHIPPED_MODEL
     # optimisation
     steps: int = 3000
     batch_size: int = 16
@@ -52,9 +57,13 @@ class TrainConfig:
     backend: str = "explicit"          # attention backend (llmcore.attention.BACKENDS)
 
     def __post_init__(self) -> None:
-        positive = ("d_model", "n_layers", "n_heads", "max_seq_len", "steps", "batch_size",
-                    "eval_every", "eval_windows")
-        for name in positive:
+        if not isinstance(self.model, GPTConfig):
+            raise TypeError(f"TrainConfig.model: expected a GPTConfig, got "
+                            f"{type(self.model).__name__}")
+        if self.model.vocab_size != VOCAB_SIZE:
+            raise ValueError(f"TrainConfig.model.vocab_size must be {VOCAB_SIZE} (the tokens are "
+                             f"bytes), got {self.model.vocab_size}")
+        for name in ("steps", "batch_size", "eval_every", "eval_windows"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainConfig.{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -67,11 +76,19 @@ class TrainConfig:
                              f"got {self.warmup_steps}")
         if self.grad_clip <= 0:
             raise ValueError(f"TrainConfig.grad_clip must be positive, got {self.grad_clip}")
-        self.model_config()                          # raises on uneven heads
 
-    def model_config(self) -> GPTConfig:
-        return GPTConfig(vocab_size=VOCAB_SIZE, max_seq_len=self.max_seq_len,
-                         d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers)
+    @classmethod
+    def from_settings(cls, **settings) -> "TrainConfig":
+        """A config from flat settings: the model's sizes (MODEL_SETTINGS) next to the training
+        fields, as the command line and metrics.json spell them."""
+        sizes = {k: settings.pop(k) for k in MODEL_SETTINGS if k in settings}
+        return cls(model=replace(SHIPPED_MODEL, **sizes), **settings)
+
+    def settings(self) -> dict:
+        """The flat settings :meth:`from_settings` reads: the model's sizes, then the rest."""
+        flat = {k: getattr(self.model, k) for k in MODEL_SETTINGS}
+        flat.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"})
+        return flat
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -204,13 +221,14 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     """
     from tqdm.auto import tqdm
 
-    _check_stream("train_tokens", train_tokens, config.max_seq_len)
-    _check_stream("validation_tokens", validation_tokens, config.max_seq_len)
+    _check_stream("train_tokens", train_tokens, config.model.max_seq_len)
+    _check_stream("validation_tokens", validation_tokens, config.model.max_seq_len)
     device = torch.device(device)
-    model = GPT(config.model_config(), device=device, seed=config.seed).train()
+    model = GPT(config.model, device=device, seed=config.seed).train()
     optimizer = _optimizer(model, config)
     generator = torch.Generator().manual_seed(config.seed)
-    probe = spread(evaluation_windows(validation_tokens, config.max_seq_len), config.eval_windows)
+    probe = spread(evaluation_windows(validation_tokens, config.model.max_seq_len),
+                   config.eval_windows)
     history = TrainHistory(loadavg_start=load_average())
     wall, cpu = time.perf_counter(), time.process_time()
     bar = tqdm(range(config.steps), desc="training", unit="step", disable=not progress,
@@ -219,7 +237,7 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
         lr = learning_rate(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = random_batch(train_tokens, config.batch_size, config.max_seq_len,
+        batch = random_batch(train_tokens, config.batch_size, config.model.max_seq_len,
                              generator).to(device)                            # (b, n + 1)
         loss = next_byte_loss(model, batch, backend=config.backend)
         optimizer.zero_grad(set_to_none=True)

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from llmcore import reference, testing
 from llmcore.attention import attention, attention_loop
-from llmcore.shapes import causal_mask
+from llmcore.masks import causal_mask
 
 SETTINGS = settings(max_examples=20, deadline=None)
 F64 = dict(rtol=1e-10, atol=1e-12)

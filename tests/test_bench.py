@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from course.bench.__main__ import SECTIONS, main
-from llmcore.shapes import causal_mask
+from llmcore.masks import causal_mask
 from llmcore.timing import (attention_flops, gflops, matmul_flops, matmul_peak_gflops, measure,
                             time_call)
 

@@ -66,10 +66,11 @@ def test_symbols_only_without_a_config():
     assert str(architecture_shapes(CONFIG, n=5)["logits"]) == "(n, v) = (5, 61)"
 
 
-def test_a_mapping_works_like_a_config():
-    sizes = architecture_sizes({"d_model": 24, "n_heads": 3, "n_layers": 2, "vocab_size": 61}, n=3)
-    assert (sizes.d, sizes.h, sizes.d_head, sizes.f, sizes.v, sizes.L) == (24, 3, 8, 96, 61, 2)
-    assert sizes.max_seq_len is None
+def test_sizes_are_the_configs_own():
+    config = GPTConfig(vocab_size=61, max_seq_len=16, d_model=24, n_heads=3, n_layers=2, d_ff=40)
+    sizes = architecture_sizes(config, n=3)
+    assert (sizes.d, sizes.h, sizes.d_head, sizes.f, sizes.v, sizes.L) == (24, 3, 8, 40, 61, 2)
+    assert sizes.max_seq_len == 16 and sizes.h_kv == 3
 
 
 @pytest.mark.parametrize("view", VIEWS)
@@ -111,13 +112,12 @@ def test_bad_arguments_are_named(kwargs, error, words):
         plot_architecture(CONFIG, **kwargs)
 
 
-def test_bad_configs_are_named():
-    with pytest.raises(ValueError, match="vocab_size is missing"):
-        architecture_sizes({"d_model": 24, "n_heads": 3, "n_layers": 2})
-    with pytest.raises(ValueError, match="must divide d_model"):
-        architecture_sizes({"d_model": 24, "n_heads": 5, "n_layers": 2, "vocab_size": 9})
-    with pytest.raises(TypeError, match="d_model"):
-        architecture_sizes({"d_model": "24", "n_heads": 3, "n_layers": 2, "vocab_size": 9})
+def test_only_a_gpt_config_is_a_config():
+    """The figure takes the real config type (which validates itself), not look-alikes."""
+    with pytest.raises(TypeError, match="expected an llmcore GPTConfig .or None., got dict"):
+        architecture_sizes({"d_model": 24, "n_heads": 3, "n_layers": 2, "vocab_size": 9})
+    with pytest.raises(ValueError, match="divide d_model = 24"):
+        GPTConfig(d_model=24, n_heads=5)
 
 
 def test_shape_text():

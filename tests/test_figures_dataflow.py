@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from course.figures.dataflow import (NEW_COLOR, VIEW_COLOR, plot_data_flow,  # noqa: E402
                                       plot_step_costs, step_shares, storage_kinds)
-from llmcore.shapes import merge_heads, split_heads  # noqa: E402
+from llmcore.multihead import merge_heads, split_heads  # noqa: E402
 
 
 def head_chain(device="cpu"):

@@ -17,7 +17,7 @@ from llmcore.batching import pad_batch  # noqa: E402
 from course.figures.masks import (ALLOWED_COLOR, FUTURE_COLOR, PADDING_COLOR, MAX_SIDE,  # noqa: E402
                                    check_mask, draw_mask, plot_masks, plot_padded_batch)
 from llmcore.layout import contiguous_layout  # noqa: E402
-from llmcore.shapes import causal_mask  # noqa: E402
+from llmcore.masks import causal_mask  # noqa: E402
 
 
 @pytest.fixture

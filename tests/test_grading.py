@@ -260,6 +260,7 @@ def graded(tmp_path_factory):
     """Grade the whole class once; returns (course folder, gradebook path, CSV rows, seconds)."""
     course = tmp_path_factory.mktemp("course")
     shutil.copytree(ROOT / "solutions", course / "solutions")
+    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
     for assignment in ASSIGNMENTS:
         _submit(course, "full_marks", assignment, _submission(assignment, answered=True))
         _submit(course, "untouched", assignment, _submission(assignment, answered=False))

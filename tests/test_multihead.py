@@ -13,7 +13,8 @@ from llmcore import reference, testing
 from llmcore.matmul import linear
 from llmcore.multihead import (fuse_qkv, multihead_attention, multihead_attention_loop,
                                multihead_attention_qkv, qkv_projection)
-from llmcore.shapes import causal_mask, split_heads
+from llmcore.masks import causal_mask
+from llmcore.multihead import split_heads
 
 SETTINGS = settings(max_examples=15, deadline=None)
 F64 = dict(rtol=1e-10, atol=1e-12)

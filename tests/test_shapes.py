@@ -1,4 +1,4 @@
-"""llmcore.shapes: the causal mask (the oracle's own input, so pinned to literal matrices), the head
+"""llmcore.shapes' argument checks, llmcore.masks' causal mask (the oracle's own input, so pinned to literal matrices), the head
 reshapes (views, inverse of each other, the right entries moved), and the argument checks whose
 messages every op relies on."""
 
@@ -10,8 +10,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from llmcore import reference, testing
-from llmcore.shapes import (NEG_INF, causal_mask, check_operands, check_same_device,
-                            check_same_dtype, check_shape, check_tensor, merge_heads, split_heads)
+from llmcore.masks import NEG_INF, causal_mask
+from llmcore.multihead import merge_heads, split_heads
+from llmcore.shapes import (check_operands, check_same_device, check_same_dtype, check_shape,
+                            check_tensor)
 
 SETTINGS = settings(max_examples=25, deadline=None)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore.model import GPT
+from llmcore.model import GPT, GPTConfig
 from llmcore.train import (TrainConfig, evaluate_bits_per_byte, evaluation_windows,
                            learning_rate, next_byte_loss, random_batch, spread, train)
 
@@ -78,13 +78,25 @@ def test_streams_are_checked(bad, error, message):
 ])
 def test_train_config_refuses_bad_settings(field, value, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**{field: value})
+        TrainConfig.from_settings(**{field: value})
+
+
+def test_train_config_holds_a_gpt_config():
+    config = TrainConfig.from_settings(**TINY_RUN)
+    assert isinstance(config.model, GPTConfig) and config.model.d_model == 32
+    assert config.model.vocab_size == 256 and config.steps == 60
+    assert TrainConfig.from_settings(**config.settings()) == config          # a round trip
+    assert list(config.settings())[:4] == ["d_model", "n_layers", "n_heads", "max_seq_len"]
+    with pytest.raises(ValueError, match="vocab_size must be 256"):
+        TrainConfig(model=GPTConfig(vocab_size=300))
+    with pytest.raises(TypeError, match="expected a GPTConfig, got dict"):
+        TrainConfig(model={"d_model": 32})
 
 
 def test_next_byte_loss_of_a_fresh_model_is_about_uniform():
-    config = TrainConfig(**TINY_RUN)
-    model = GPT(config.model_config(), seed=0)
-    windows = evaluation_windows(stream(TEXT), config.max_seq_len)
+    config = TrainConfig.from_settings(**TINY_RUN)
+    model = GPT(config.model, seed=0)
+    windows = evaluation_windows(stream(TEXT), config.model.max_seq_len)
     bits = evaluate_bits_per_byte(model, windows)
     assert abs(bits - 8.0) < 0.3                                 # log2(256) = 8: knows nothing
     loss = next_byte_loss(model, windows[:4])
@@ -93,7 +105,7 @@ def test_next_byte_loss_of_a_fresh_model_is_about_uniform():
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    config = TrainConfig(**TINY_RUN)
+    config = TrainConfig.from_settings(**TINY_RUN)
     tokens = stream(TEXT)
     return config, train(config, tokens, tokens, progress=False)
 
@@ -110,11 +122,11 @@ def test_a_short_run_lowers_the_loss(tiny_run):
 
 
 def test_a_run_repeats_exactly_under_its_seed():
-    short = TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6})
+    short = TrainConfig.from_settings(**{**TINY_RUN, "steps": 12, "eval_every": 6})
     tokens = stream(TEXT)
     a = train(short, tokens, tokens, progress=False)[1]
     b = train(short, tokens, tokens, progress=False)[1]
     assert a.train_bits == b.train_bits and a.eval_bits == b.eval_bits
-    other = train(TrainConfig(**{**TINY_RUN, "steps": 12, "eval_every": 6, "seed": 1}),
+    other = train(TrainConfig.from_settings(**{**TINY_RUN, "steps": 12, "eval_every": 6, "seed": 1}),
                   tokens, tokens, progress=False)[1]
     assert other.train_bits != a.train_bits

@@ -19,21 +19,22 @@ of a model against the very shapes the figure shows::
     shapes = architecture_shapes(config, n=5)
     assert tuple(logits.shape[-2:]) == shapes["logits"].sizes
 
-``config`` is a :class:`llmcore.model.GPTConfig` or anything with the same size attributes
-(``d_model``, ``n_heads``, ``n_layers``, ``vocab_size``; optionally ``n_kv_heads``, ``d_ff``,
-``max_seq_len``), a mapping with those keys included; ``None`` draws the symbols alone.
+``config`` is a :class:`llmcore.model.GPTConfig` (which has checked its own sizes); ``None``
+draws the symbols alone.
 Shapes are those of one sequence (rows are tokens); a batch adds a leading b. Chapters 1 and 5.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+
+from llmcore.model import GPTConfig
 
 VIEWS = ("vectors", "matrices")
 """The two ways :func:`plot_architecture` draws the model."""
@@ -95,17 +96,6 @@ class Shape:
         return text
 
 
-def _get(config: Any, *names: str) -> Any:
-    """The first of ``names`` that ``config`` has (as attribute or key), else None."""
-    for name in names:
-        if isinstance(config, Mapping):
-            if config.get(name) is not None:
-                return config[name]
-        elif getattr(config, name, None) is not None:
-            return getattr(config, name)
-    return None
-
-
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected a positive int, got {value!r} ({type(value).__name__})")
@@ -114,43 +104,28 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def architecture_sizes(config: Any = None, *, n: int | None = None) -> Sizes:
-    """Read the sizes of ``config`` (a GPTConfig, an object or a mapping with its field names).
+def architecture_sizes(config: GPTConfig | None = None, *, n: int | None = None) -> Sizes:
+    """Read the sizes of ``config`` (a GPTConfig) in the book's notation.
 
-    n: tokens in the sequence (default :data:`DEFAULT_N`, at most max_seq_len when known).
-    With ``config=None`` every size but n is None (a drawing in symbols only). Raises TypeError
-    for a non-int size and ValueError for a non-positive one, a missing field, heads that do not
-    divide d, or n beyond max_seq_len. Chapter 1.
+    n: tokens in the sequence (default :data:`DEFAULT_N`, at most max_seq_len). With
+    ``config=None`` every size but n is None (a drawing in symbols only). Raises TypeError for a
+    config that is not a GPTConfig or a non-int n, ValueError for n <= 0 or beyond max_seq_len.
+    Chapter 1.
     """
     n = DEFAULT_N if n is None else _positive_int("n", n)
     if config is None:
         return Sizes(n, None, None, None, None, None, None, None, None)
-    fields = {"d_model": ("d_model",), "n_heads": ("n_heads",), "n_layers": ("n_layers",),
-              "vocab_size": ("vocab_size",)}
-    values = {}
-    for field, names in fields.items():
-        value = _get(config, *names)
-        if value is None:
-            raise ValueError(f"config: expected a GPTConfig or an object with d_model, n_heads, "
-                             f"n_layers and vocab_size; {field} is missing from {config!r}")
-        values[field] = _positive_int(f"config.{field}", value)
-    d, h = values["d_model"], values["n_heads"]
-    if d % h:
-        raise ValueError(f"config: n_heads = {h} must divide d_model = {d}")
-    h_kv = _positive_int("config.n_kv_heads", _get(config, "kv_heads", "n_kv_heads") or h)
-    if h % h_kv:
-        raise ValueError(f"config: n_kv_heads = {h_kv} must divide n_heads = {h}")
-    f = _positive_int("config.d_ff", _get(config, "ffn_width", "d_ff") or 4 * d)
-    max_seq_len = _get(config, "max_seq_len")
-    if max_seq_len is not None:
-        max_seq_len = _positive_int("config.max_seq_len", max_seq_len)
-        if n > max_seq_len:
-            raise ValueError(f"n = {n} tokens exceeds config.max_seq_len = {max_seq_len}")
-    return Sizes(n=n, d=d, h=h, h_kv=h_kv, d_head=d // h, f=f, v=values["vocab_size"],
-                 L=values["n_layers"], max_seq_len=max_seq_len)
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config: expected an llmcore GPTConfig (or None), got "
+                        f"{type(config).__name__}")
+    if n > config.max_seq_len:                 # GPTConfig has checked its own sizes
+        raise ValueError(f"n = {n} tokens exceeds config.max_seq_len = {config.max_seq_len}")
+    return Sizes(n=n, d=config.d_model, h=config.n_heads, h_kv=config.kv_heads,
+                 d_head=config.d_head, f=config.ffn_width, v=config.vocab_size,
+                 L=config.n_layers, max_seq_len=config.max_seq_len)
 
 
-def architecture_shapes(config: Any = None, *, n: int | None = None) -> dict[str, Shape]:
+def architecture_shapes(config: GPTConfig | None = None, *, n: int | None = None) -> dict[str, Shape]:
     """The shape of every tensor the figure names, for one sequence of n tokens.
 
     Keys, in the order data flows (weights are (rows in, columns out): rows are tokens)::
@@ -278,11 +253,11 @@ def _token_row(ax: Axes, y: float, n: int, token_width: float) -> None:
              style="square,pad=0")
 
 
-def plot_architecture(config: Any = None, *, n: int | None = None, view: str = "vectors",
+def plot_architecture(config: GPTConfig | None = None, *, n: int | None = None, view: str = "vectors",
                       ax: Axes | None = None, title: str | None = None) -> Figure:
     """Draw the model from token ids to logits, every stage annotated with its shape.
 
-    config: a GPTConfig (or object/mapping with its size fields) whose numbers are printed beside
+    config: a GPTConfig whose numbers are printed beside
     the symbols; None for symbols only. n: tokens drawn (default 5; beyond 6 the middle ones are
     elided). view: ``"vectors"`` (lists of vectors, chapter 1) or ``"matrices"`` (matrix products
     with their operands' shapes, chapter 5). ax: an Axes to draw into (its figure is returned);

@@ -49,7 +49,8 @@ def course_config(course_dir: str | os.PathLike = ".", *,
                   config_file: str | os.PathLike | None = None):
     """The nbgrader configuration for a course directory, as a traitlets ``Config``.
 
-    Reads nbgrader_config.py (``config_file``, else the course's, else the repository's), then sets
+    Reads nbgrader_config.py (``config_file``, else the nearest one at or above ``course_dir``,
+    else at or above the working directory, as nbgrader's own commands read it), then sets
     the course root to ``course_dir``, the gradebook (default ``course_dir/gradebook.db``), the
     cell timeout if given, and the grader's bounded Execute preprocessor.
     """
@@ -59,7 +60,8 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     from traitlets.config.loader import PyFileConfigLoader
 
     course = Path(course_dir).resolve()
-    path = Path(config_file).resolve() if config_file else find_config(course)
+    path = Path(config_file).resolve() if config_file else \
+        find_config(course) or find_config(Path.cwd())
     config = Config()
     if path is not None:
         config.merge(PyFileConfigLoader(path.name, path=str(path.parent)).load_config())

@@ -11,7 +11,7 @@ from llmcore.attention import attention
 from llmcore.model import GPT
 from llmcore.multihead import qkv_projection
 from llmcore.attention_probe import attention_matrix, attention_weights
-from llmcore.shapes import merge_heads
+from llmcore.multihead import merge_heads
 from llmcore.testing import randn
 
 from conftest import TINY, TINY_GQA
