@@ -144,6 +144,7 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.sequences: dict[Hashable, SequenceBlocks] = {}
         self.copy_on_write_count = 0
+        self.group_cost = GROUP_COST_SLOTS   # what one more length group costs, in key slots
 
     @classmethod
     def for_model(cls, model, *, block_size: int, num_blocks: int) -> "PagedKVCache":
@@ -299,9 +300,10 @@ class PagedKVCache:
 
 
 GROUP_COST_SLOTS = 256
-"""What one more length group costs, counted in key slots: the fixed cost of a gather and an
-attention call (a few small torch calls) is about that of gathering 256 more slots of one
-sequence on a CPU. :func:`length_groups` trades it against the padding a group saves."""
+"""What one more length group is charged, counted in key slots: it stands for the fixed cost of
+one more gather and attention call (a few small torch calls). A setting, not a measurement:
+with it, sequences within a few hundred tokens of each other share a group. Each cache can set
+its own (``PagedKVCache.group_cost``); Chapter 9 measures one group against several."""
 
 
 def length_groups(ends: Sequence[int], *,
@@ -392,7 +394,8 @@ class PagedBatch:
                               device=device)                      # (b, blocks); 0 pads, masked
         lengths = [seq.length for seq in seqs]
         groups = [LengthGroup(torch.tensor(rows, device=device), tables[rows], ends)
-                  for rows, ends in length_groups([t + n for t in lengths])] \
+                  for rows, ends in length_groups([t + n for t in lengths],
+                                                  group_cost=cache.group_cost)] \
             if len(seqs) > 1 else []
         self._pending = (write_blocks, write_slots, tables, max(lengths) + n, groups)
         return ragged_layout(lengths, n, device)

@@ -327,15 +327,16 @@ def test_mixed_lengths_decode_in_groups_equals_contiguous(device, backend, monke
     """16 sequences of very different lengths (several groups) decode as one paged batch; every
     step's logits equal each sequence decoded alone in a contiguous cache."""
     import llmcore.paged
-    monkeypatch.setattr(llmcore.paged, "GROUP_COST_SLOTS", 8)       # several groups at these sizes
     splits = []
     original = llmcore.paged.length_groups
     monkeypatch.setattr(llmcore.paged, "length_groups",
-                        lambda ends: splits.append(original(ends)) or splits[-1])
+                        lambda ends, **options: splits.append(original(ends, **options))
+                        or splits[-1])
     model = GPT(TINY_GQA, device=device, seed=3).eval()
     g = torch.Generator().manual_seed(5)
     lengths = [2, 40, 3, 38, 5, 30, 1, 44, 7, 20, 33, 9, 41, 2, 25, 12]
     paged = PagedKVCache.for_model(model, block_size=4, num_blocks=16 * 12)
+    paged.group_cost = 8                                  # several groups at these sizes
     alone, tokens = [], []
     with torch.no_grad():
         for i, length in enumerate(lengths):
