@@ -36,6 +36,7 @@ def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
     assert ratio(report, "tiny decode step time / weight-read bound") > 0
     for backend in ("fused", "explicit"):
         assert ratio(report, f"mixed lengths, paged / contiguous decode step time ({backend})") > 0
+    assert ratio(report, "shared prefix, contiguous / shared-prefix decode step time") > 0
     assert ratio(report, "explicit attention() time / SDPA time (n=32)") > 0
     assert ratio(report, "tiled / SDPA time (n=64)") > 0
     assert ratio(report, "tiled / SDPA peak memory (n=64)") > 0

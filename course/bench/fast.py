@@ -9,6 +9,7 @@
 * one fast decode step against its weight-read bound (weight bytes / measured bandwidth);
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
 * a paged decode step against a contiguous one on 16 sequences of mixed lengths (20-900);
+* a shared-prefix decode step against a contiguous cache that stores the prefix per sequence;
 * attention measured directly: llmcore's explicit ``attention`` against PyTorch's
   ``scaled_dot_product_attention`` called on the same (b, h, n, d_head) tensors, and tiled
   attention against SDPA in time and in peak memory at n = 4096.
@@ -36,6 +37,7 @@ from llmcore.kvcache import KVCache
 from llmcore.model import GPT, GPTConfig
 from llmcore.paged import PagedKVCache
 from llmcore.peak_memory import peak_memory
+from llmcore.prefix import SharedPrefixCache
 from llmcore.tiled import tiled_attention
 from llmcore.timing import time_call
 from .ops import format_seconds, write_ratio
@@ -300,6 +302,43 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
                     checked=checked)
 
 
+@torch.no_grad()
+def shared_prefix(out: TextIO, model: GPT, sizes: Sizes, checked: bool) -> None:
+    """One decode step of b sequences behind one common prefix: the shared-prefix cache (prefix
+    K/V stored once) against a contiguous cache holding the prefix once per sequence."""
+    b, prefix_length, own = sizes.paged_batch, sizes.paged_lengths[1] // 2, 8
+    g = torch.Generator().manual_seed(6)
+    prefix_ids = torch.randint(0, model.config.vocab_size, (1, prefix_length), generator=g)
+    own_ids = torch.randint(0, model.config.vocab_size, (b, own), generator=g)
+    prefix_ids, own_ids = prefix_ids.to(model.device), own_ids.to(model.device)
+    shared = SharedPrefixCache.prefill(model, prefix_ids, batch_size=b)
+    model(own_ids, shared)
+    contiguous = KVCache.for_model(model, b, max_tokens=prefix_length + own + 1)
+    model(torch.cat([prefix_ids.expand(b, -1), own_ids], dim=1), contiguous, backend="fused")
+    step = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(model.device)
+    torch.testing.assert_close(model(step, shared), model(step, contiguous, backend="fused"),
+                               rtol=1e-4, atol=1e-4)
+    shared.own.truncate(own)
+    contiguous.truncate(prefix_length + own)
+
+    def shared_step():
+        model(step, shared)
+        shared.own.truncate(own)
+
+    def contiguous_step():
+        model(step, contiguous, backend="fused")
+        contiguous.truncate(prefix_length + own)
+
+    t_shared = best_time(shared_step, sizes=sizes)
+    t_contiguous = best_time(contiguous_step, sizes=sizes)
+    out.write(f"\none decode step, {b} sequences behind one {prefix_length}-token prefix, "
+              f"{own} own tokens each: contiguous (prefix stored {b} times, fused attention) "
+              f"{format_seconds(t_contiguous)}, shared prefix (stored once, explicit attention) "
+              f"{format_seconds(t_shared)} (same logits)\n")
+    write_ratio(out, "shared prefix, contiguous / shared-prefix decode step time",
+                t_contiguous / t_shared)
+
+
 def attention_direct(out: TextIO, sizes: Sizes, device: torch.device, checked: bool) -> None:
     h, d_head = sizes.attention_heads, 64
     g = torch.Generator().manual_seed(5)
@@ -360,4 +399,5 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
         del model, peer
     paged_mixed_lengths(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes,
                         checked)
+    shared_prefix(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes, checked)
     attention_direct(out, sizes, device, checked)
