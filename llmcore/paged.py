@@ -428,10 +428,12 @@ class PagedBatch:
     @staticmethod
     def gather_blocks(pool: Tensor, tables: Tensor, m: int) -> Tensor:
         """pool: (blocks, h_kv, p, d_head)   tables: (b, t) block ids   ->   (b, h_kv, m, d_head):
-        each sequence's blocks, read in table order and laid end to end (a copy)."""
-        blocks = pool[tables]                                  # (b, blocks, h_kv, p, d_head)
-        b, count, h_kv, p, d_head = blocks.shape
-        rows = blocks.transpose(1, 2).reshape(b, h_kv, count * p, d_head)
+        each sequence's blocks, read in table order and laid end to end. The head axis moves
+        first (a view), so the indexing writes each head's slots end to end: one copy, not two;
+        the result is a strided view of it."""
+        blocks = pool.transpose(0, 1)[:, tables]               # (h_kv, b, t, p, d_head): a copy
+        h_kv, b, count, p, d_head = blocks.shape
+        rows = blocks.view(h_kv, b, count * p, d_head).transpose(0, 1)   # (b, h_kv, t p, d_head)
         return rows[:, :, :m]                                  # (b, h_kv, m, d_head)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
