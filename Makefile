@@ -1,28 +1,53 @@
 # The course's commands. Each creates (once) and reuses the virtual environment in .venv.
 #   make book   build the HTML book into _build/html (strict: any warning or failing cell fails)
 #   make test   run every test (unit tests, the strict book build, browser and grading checks)
-# Others: make lab, make bench, make exercises, make check NB=..., make grade, make clean.
+# Install one audience's packages only: make learner, make instructor, make dev (README).
+# Others: make lab, make lab-instructor, make bench, make exercises, make check NB=..., make grade.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed
-LAB_SETTINGS := $(VENV)/etc/jupyter/labconfig/default_setting_overrides.json
 export PATH := $(BIN):$(PATH)
 
-.PHONY: help venv book book-instructor book-cache test browser bench lab exercises check grade train clean
+# Learners on Linux take torch from PyTorch's CPU wheel index (about 0.7 GB instead of several GB
+# of CUDA libraries); `make learner TORCH_INDEX=` takes the plain pin instead (CUDA on Linux).
+# macOS has only one build (Apple's MPS GPU included), so the plain pin is right there.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
+ifeq ($(shell uname -s),Linux)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+endif
+# Python compiles what a learner imports when it is first imported; compiling all of it at
+# install time doubles the time and adds 0.2 GB.
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: help venv learner instructor dev book book-instructor book-cache test browser bench lab \
+	lab-instructor exercises check grade train clean
 
 help:
-	@sed -n '1,5p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
 
+new_venv = $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10 or newer is needed, found " + sys.version.split()[0]' \
+	&& { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); }
+
+# The full install (every extra: dev includes instructor, which includes learner).
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10 or newer is needed, found " + sys.version.split()[0]'
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check \
-		-c requirements/constraints.txt -e ".[book,grader,dev]"
+	@$(new_venv)
+	$(PIP) -c requirements/constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
-venv: $(STAMP)
+# One audience's install (learner or instructor). An environment that has the full install has
+# every profile already, so it is only stamped, never installed into again.
+$(VENV)/.installed-%: pyproject.toml requirements/constraints.txt
+	@if [ -f $(STAMP) ]; then touch $@; else \
+	  $(new_venv) && \
+	  $(if $(and $(filter learner,$*),$(TORCH_INDEX)),$(PIP) --no-compile torch==$(TORCH_VERSION) --index-url $(TORCH_INDEX) && ) \
+	  $(PIP) $(if $(filter learner,$*),--no-compile) -c requirements/constraints.txt -e ".[$*]" && \
+	  touch $@; fi
+
+venv dev: $(STAMP)
+learner: $(VENV)/.installed-learner
+instructor: $(VENV)/.installed-instructor
 
 # The strict build, into the output folder $(1). A failed strict build must fail again when re-run
 # unchanged: Sphinx only re-reads changed pages and would not repeat the warnings, so the saved
@@ -30,11 +55,11 @@ venv: $(STAMP)
 strict_build = $(BIN)/jupyter-book build . -W -n --keep-going --path-output $(1) $(2) \
 	  || { rm -f $(1)/_build/.doctrees/environment.pickle; exit 1; }
 
-book: $(STAMP) book-cache
+book: $(VENV)/.installed-instructor book-cache
 	$(call strict_build,.)
 
 # The same site with the solution notebooks included (for instructors; never publish it).
-book-instructor: $(STAMP) book-cache
+book-instructor: $(VENV)/.installed-instructor book-cache
 	$(BIN)/python -m course.site instructor-toc _build/_toc_instructor.yml
 	$(call strict_build,_build/instructor,--toc _build/_toc_instructor.yml)
 
@@ -48,12 +73,8 @@ book-cache:
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
-test: $(STAMP) $(LAB_SETTINGS) browser book-cache
+test: $(STAMP) browser book-cache
 	$(BIN)/python -m pytest
-
-# JupyterLab opens the .md chapters as notebooks on double-click (jupytext's default viewer).
-$(LAB_SETTINGS): $(STAMP)
-	$(BIN)/jupytext-config --settings-file $@ set-default-viewer markdown myst
 
 # Debian's Chromium for the real-browser checks of the built site (installed only if missing).
 browser:
@@ -63,28 +84,33 @@ browser:
 	    || echo "warning: could not install chromium; the browser checks will be skipped"; \
 	  else echo "note: chromium is not installed; the browser checks will be skipped"; fi; }
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.bench
 
-# JupyterLab on the course: chapters/*.md open as notebooks (jupytext).
-lab: $(STAMP) $(LAB_SETTINGS)
-	$(BIN)/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
+# JupyterLab on the course: chapters/*.md open as notebooks (jupytext), exercises have nbgrader's
+# Validate button. The learner's lab leaves out nbgrader's instructor tools (formgrader, Create
+# Assignment, course list); lab-instructor keeps them (course/lab.py).
+lab: $(VENV)/.installed-learner
+	$(BIN)/python -m course.lab
+
+lab-instructor: $(VENV)/.installed-instructor
+	$(BIN)/python -m course.lab --instructor
 
 # Train the shipped tiny model again from scratch (about 12 minutes on 2 idle CPU cores; on a
 # machine shared with other work, OMP_WAIT_POLICY=PASSIVE make train keeps the threads from spinning).
-train: $(STAMP)
+train: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.ship
 
 # Instructor: regenerate exercises/ (student notebooks) from solutions/.
-exercises: $(STAMP)
+exercises: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.grading release
 
 # Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
-check: $(STAMP)
+check: $(VENV)/.installed-learner
 	$(BIN)/python -m course.grading check $(NB)
 
 # Instructor: grade every submission in submitted/<student>/<assignment>/, write feedback and grades.csv.
-grade: $(STAMP)
+grade: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.grading grade $(ARGS)
 
 clean:

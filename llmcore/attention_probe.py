@@ -10,11 +10,13 @@ Chapter 7 reuses it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from .layout import contiguous_layout
+from .matmul import linear
 from .model import GPT
 from .norm import layer_norm
 from .multihead import qkv_projection
@@ -49,6 +51,42 @@ def attention_matrix(q: Tensor, k: Tensor, *, causal: bool = False) -> Tensor:
         allowed = causal_mask(q.shape[-2], k.shape[-2], q.device)     # (n, m)
         scores = scores.masked_fill(~allowed, NEG_INF)
     return softmax(scores, dim=-1)                                    # (..., h, n, m)
+
+
+@dataclass(frozen=True)
+class HeadTrace:
+    """Every intermediate of one attention head over m tokens (Chapter 7's walk-through).
+
+    q, k, v: (m, d_head)   scores: (m, m) scaled, masked entries -inf   weights: (m, m)
+    out: (m, d_head) = weights @ v."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    scores: Tensor
+    weights: Tensor
+    out: Tensor
+
+
+def head_trace(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, *,
+               causal: bool = True) -> HeadTrace:
+    """One attention head over the rows of x, keeping every intermediate to look at.
+
+    x: (m, d)   w_q, w_k, w_v: (d, d_head)   ->   HeadTrace. The same maths as
+    :func:`llmcore.attention.attention`, step by step; causal: query i sees keys j <= i.
+    Chapter 7.
+    """
+    check_operands(x=x, w_q=w_q, w_k=w_k, w_v=w_v)
+    sizes = check_shape("x", x, ("m", "d"))
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        check_shape(name, w, ("d", "d_head"), d=sizes["d"])
+    q, k, v = linear(x, w_q), linear(x, w_k), linear(x, w_v)           # (m, d_head) each
+    m = x.shape[0]
+    scores = q @ k.T / math.sqrt(q.shape[-1])                         # (m, m)
+    if causal:
+        scores = scores.masked_fill(~causal_mask(m, m, x.device), NEG_INF)
+    weights = softmax(scores, dim=-1)                                 # (m, m)
+    return HeadTrace(q, k, v, scores, weights, weights @ v)           # out: (m, d_head)
 
 
 @torch.no_grad()

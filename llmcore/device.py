@@ -1,6 +1,6 @@
 """Choosing a device, and describing the machine a measurement ran on.
 
-This is the only module that asks torch about CUDA. Library code never picks a device itself:
+This is the only module that asks torch which accelerators exist (CUDA, Apple's MPS). Library code never picks a device itself:
 it follows its inputs (``torch.zeros(..., device=x.device)``). The caller picks once, in the first
 cell of a chapter or at the top of a script::
 
@@ -15,18 +15,49 @@ import platform
 import torch
 
 
-def pick_device(prefer: str | None = None) -> torch.device:
-    """The device to run on: CUDA when it is present, else the CPU.
+DEVICE_VARIABLE = "LLMCORE_DEVICE"
+"""Environment variable that overrides the automatic choice (e.g. ``LLMCORE_DEVICE=cpu``)."""
 
-    prefer: ``"cpu"`` or ``"cuda"`` to insist on one; asking for CUDA where there is none raises.
-    Chapter 0.
+KINDS = ("cuda", "mps", "cpu")
+"""The device kinds :func:`pick_device` knows, in the order it prefers them."""
+
+
+def mps_available() -> bool:
+    """Whether torch sees an Apple-silicon GPU (Metal Performance Shaders; macOS only)."""
+    backend = getattr(torch.backends, "mps", None)
+    return backend is not None and backend.is_available()
+
+
+def _available(kind: str) -> bool:
+    return {"cuda": torch.cuda.is_available, "mps": mps_available, "cpu": lambda: True}[kind]()
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """The device to run on: CUDA when it is present, else Apple's MPS GPU, else the CPU.
+
+    prefer: ``"cuda"``, ``"mps"`` or ``"cpu"`` (optionally with an index, ``"cuda:1"``) to insist
+    on one; without it the environment variable ``LLMCORE_DEVICE`` may name one. Asking for a
+    device torch does not see raises, naming what it does see. MPS has no float64: work in float64
+    goes to :func:`float64_device`. Chapter 0.
     """
+    prefer = prefer or os.environ.get(DEVICE_VARIABLE) or None
     if prefer is not None:
         device = torch.device(prefer)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("pick_device: 'cuda' was asked for, but torch sees no CUDA device")
+        if device.type not in KINDS:
+            raise ValueError(f"pick_device: expected one of {KINDS}, got {prefer!r}")
+        if not _available(device.type):
+            seen = [kind for kind in KINDS if _available(kind)]
+            raise ValueError(f"pick_device: {device.type!r} was asked for, but torch sees no "
+                             f"{device.type} device here (available: {', '.join(seen)})")
         return device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(next(kind for kind in KINDS if _available(kind)))
+
+
+def float64_device(device: torch.device | str) -> torch.device:
+    """Where float64 work for ``device`` runs: the device itself, or the CPU for Apple's MPS,
+    which has no float64 (a float64 tensor there raises TypeError)."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
 
 
 def cuda_available() -> bool:
@@ -70,4 +101,6 @@ def describe_machine(device: torch.device | str | None = None) -> str:
     device = torch.device(device) if device is not None else None
     if device is not None and device.type == "cuda":
         text += f"; GPU: {torch.cuda.get_device_name(device)}"
+    elif device is not None and device.type == "mps":
+        text += "; GPU: Apple MPS"
     return text + f"; torch {torch.__version__.split('+')[0]}"

@@ -10,7 +10,7 @@ from llmcore import reference
 from llmcore.attention import attention
 from llmcore.model import GPT
 from llmcore.multihead import qkv_projection
-from llmcore.attention_probe import attention_matrix, attention_weights
+from llmcore.attention_probe import attention_matrix, attention_weights, head_trace
 from llmcore.multihead import merge_heads
 from llmcore.testing import randn
 
@@ -106,3 +106,17 @@ def test_bad_arguments_are_named(rng):
         attention_matrix(randn(rng, 1, 4, 3, 2), randn(rng, 1, 3, 3, 2))
     with pytest.raises(ValueError, match="k: expected shape"):
         attention_matrix(randn(rng, 2, 3, 4), randn(rng, 2, 3, 5))
+
+
+def test_head_trace_keeps_every_step_of_one_head():
+    torch.manual_seed(0)
+    x, w_q, w_k, w_v = (torch.randn(*s, dtype=torch.float64) for s in ((5, 6), (6, 3), (6, 3),
+                                                                      (6, 3)))
+    t = head_trace(x, w_q, w_k, w_v)
+    assert t.scores.shape == t.weights.shape == (5, 5) and t.out.shape == (5, 3)
+    assert torch.isinf(t.scores.triu(1)[t.scores.triu(1) != 0]).all()    # the future: -inf
+    torch.testing.assert_close(t.out, attention(x @ w_q, x @ w_k, x @ w_v, causal=True))
+    open_ = head_trace(x, w_q, w_k, w_v, causal=False)
+    torch.testing.assert_close(open_.out, attention(x @ w_q, x @ w_k, x @ w_v))
+    with pytest.raises(ValueError, match="w_k"):
+        head_trace(x, w_q, w_k[:4], w_v)

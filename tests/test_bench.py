@@ -15,8 +15,8 @@ import torch
 
 from course.bench.__main__ import SECTIONS, main
 from llmcore.masks import causal_mask
-from llmcore.timing import (attention_flops, gflops, matmul_flops, matmul_peak_gflops, measure,
-                            time_call)
+from llmcore.timing import (attention_flops, calls_made, gflops, matmul_flops, matmul_peak_gflops,
+                            measure, time_call)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,8 +140,7 @@ def test_measure_warms_up_then_repeats_calls_long_enough():
     calls = []
     times = measure(lambda x: calls.append(x), 7, repeats=3, min_seconds=0.0)
     assert len(times) == 3 and all(t >= 0 for t in times)
-    assert calls[0] == 7 and len(calls) >= 4                        # warm-up + at least 1 per repeat
-    assert len(calls) == 1 + 3 * ((len(calls) - 1) // 3)           # the same number per repeat
+    assert calls[0] == 7 and len(calls) == calls_made(3, number=1)  # warm-ups + 1 per repeat
 
 
 def test_time_call_statistics_and_argument_checks():

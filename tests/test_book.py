@@ -197,11 +197,49 @@ def test_download_button_serves_the_page_source(book, docname):
         f"{served} is missing or differs from {source}"
 
 
+@pytest.mark.parametrize("docname", EXECUTED)
+def test_download_button_offers_the_notebook_and_the_page_says_how_to_open_it(book, docname):
+    """The theme's download menu lists <page>.ipynb (course.sphinx_course), a notebook with the
+    chapter's cells and the python3 kernel; the page tells the reader what to do with it."""
+    target = f"_sources/{docname}.ipynb"
+    page = html_of(docname)
+    assert any(link.endswith(target) for link in read_page(page).links), \
+        f"{docname}: no download link to {target}"
+    import nbformat
+    notebook = nbformat.read(HTML_DIR / target, as_version=4)
+    want = [c.source for c in jupytext.read(source_of(docname)).cells if c.cell_type == "code"]
+    got = [c.source for c in notebook.cells if c.cell_type == "code"]
+    assert got == want, f"{target}: not the chapter's code cells"
+    assert notebook.metadata.kernelspec.name == "python3", f"{target}: no python3 kernel"
+    text = page.read_text(encoding="utf-8")
+    assert "Run this chapter" in text and f"<code>{docname}{source_of(docname).suffix}</code>" \
+        in text, f"{docname}: no note on opening the notebook in JupyterLab"
+
+
 def test_repository_button_links_to_the_configured_repository(book):
-    url = book_site.book_config()["repository"]["url"]
-    assert url.startswith("https://"), f"repository.url must be a web address, got {url!r}"
-    links = read_page(html_of(PAGES[0])).links
-    assert url in links, f"the root page has no repository button linking to {url}"
+    """repository.url of _config.yml, or COURSE_REPOSITORY_URL when the build had it set."""
+    from course.sphinx_course import repository_url
+    url = repository_url(book_site.book_config()["repository"]["url"])
+    assert url.startswith("https://"), f"the repository must be a web address, got {url!r}"
+    for docname in PAGES:
+        links = read_page(html_of(docname)).links
+        assert url in links, f"{docname} has no repository button linking to {url}"
+
+
+def test_repository_address_can_be_set_when_building(monkeypatch):
+    """The override itself, on a Sphinx config as Jupyter Book fills it (no build needed)."""
+    from types import SimpleNamespace
+
+    from course.sphinx_course import REPOSITORY_VARIABLE, _set_repository
+    config = SimpleNamespace(html_theme_options={"repository_url": "https://example.org/a",
+                                                 "use_repository_button": True})
+    monkeypatch.delenv(REPOSITORY_VARIABLE, raising=False)
+    _set_repository(None, config)
+    assert config.html_theme_options["repository_url"] == "https://example.org/a"
+    monkeypatch.setenv(REPOSITORY_VARIABLE, "https://git.example.edu/course/llms")
+    _set_repository(None, config)
+    assert config.html_theme_options == {"repository_url": "https://git.example.edu/course/llms",
+                                         "use_repository_button": True}
 
 
 # -------------------------------------------------------- exercises and solutions: never run
@@ -269,7 +307,8 @@ def test_instructor_switch_adds_the_solutions(book):
     instructor = ROOT / "_build" / "instructor"
     shutil.rmtree(instructor, ignore_errors=True)     # no stale page may pass for a new one
     # -o: take the virtual environment as up to date (this test runs inside it)
-    done = subprocess.run(["make", "-o", ".venv/.installed", "book-instructor"], cwd=ROOT,
+    done = subprocess.run(["make", "-o", ".venv/.installed", "-o", ".venv/.installed-instructor",
+                           "book-instructor"], cwd=ROOT,
                           env=book_site.tool_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=book_site.BUILD_TIMEOUT_S)
     assert done.returncode == 0, f"make book-instructor failed:\n{book_site.tail(done.stdout)}"

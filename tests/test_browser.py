@@ -2,7 +2,9 @@
 no browser is downloaded) opens the index and every page of _toc.yml from a local HTTP server and
 checks what a reader would see: no console errors, no failed requests, nothing fetched from
 another host, math typeset by the bundled MathJax, every image loaded, every internal link and
-anchor resolving. A screenshot of each page goes to _build/screenshots/<page>.jpg.
+anchor resolving, and no sideways scrolling at a desktop (1280 px) or a phone (390 px) width
+(long code lines scroll inside their block). A screenshot of each page goes to
+_build/screenshots/<page>.jpg (and <page>-phone.jpg).
 
 Without Chromium the tests are skipped, unless LLMCORE_REQUIRE_BROWSER=1 (CI sets it).
 """
@@ -94,7 +96,7 @@ def browser(site):
         try:
             # one context for every page: the theme's scripts and MathJax are fetched once and
             # then come from the browser's cache (request routing would disable that cache)
-            context = chromium.new_context(viewport={"width": 1280, "height": 900})
+            context = chromium.new_context(viewport={"width": WIDTHS["desktop"], "height": 900})
             yield context
             context.close()
         finally:
@@ -149,6 +151,28 @@ VISIBLE_TEXT_JS = """() => {
         .forEach(node => node.remove());
     return root.textContent;
 }"""
+
+WIDTHS = {"desktop": 1280, "phone": 390}
+"""Window widths (CSS px) at which no page may scroll sideways: a laptop and a phone."""
+
+OVERFLOW_JS = """() => {
+    const width = document.documentElement.clientWidth;
+    const page = Math.max(document.documentElement.scrollWidth, document.body.scrollWidth);
+    const blocks = Array.from(document.querySelectorAll('pre'))
+        .filter(pre => pre.offsetParent !== null);        // shown (not in a closed toggle)
+    const wide = blocks.filter(pre => pre.getBoundingClientRect().right > width + 1)
+        .map(pre => pre.textContent.slice(0, 60));
+    const clipped = blocks.filter(pre => pre.scrollWidth > pre.clientWidth + 1 &&
+        !['auto', 'scroll'].includes(getComputedStyle(pre).overflowX))
+        .map(pre => pre.textContent.slice(0, 60));
+    const code = blocks.filter(pre => pre.closest('div.highlight') && !pre.closest('.cell_output'));
+    const scrolling = code.filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+        .map(pre => pre.textContent.slice(0, 60));
+    return {width, page, wide, clipped, scrolling};
+}"""
+"""The page's width against the window's, the code blocks that stick out of the window or hide
+text they cannot scroll to, and the blocks of code (cells and listings, not printed output) that
+need a scroll bar to be read."""
 
 MATHJAX_JS = """async () => {
     await MathJax.startup.promise;
@@ -219,6 +243,26 @@ def test_page_in_a_real_browser(browser, site, docname):
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT_DIR / f"{docname.replace('/', '__')}.jpg"),
                         full_page=True, type="jpeg", quality=70)
+
+        # no sideways scrolling at a desktop and a phone width: long code scrolls in its block
+        for name, width in WIDTHS.items():
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_timeout(200)                      # the theme's layout settles
+            found = page.evaluate(OVERFLOW_JS)
+            assert found["page"] <= found["width"], (
+                f"{docname} at {width} px ({name}): the page is {found['page']} px wide, wider "
+                f"than the window ({found['width']} px); blocks past the edge: {found['wide']}")
+            assert not found["wide"], f"{docname} at {width} px: code wider than the window: " \
+                                      f"{found['wide']}"
+            assert not found["clipped"], f"{docname} at {width} px: code cut off without a " \
+                                         f"scroll bar: {found['clipped']}"
+            if name == "desktop":       # the whole of every line of code is in view
+                assert not found["scrolling"], f"{docname} at {width} px: code that needs a " \
+                                               f"scroll bar: {found['scrolling']}"
+            else:
+                page.screenshot(path=str(SCREENSHOT_DIR / f"{docname.replace('/', '__')}"
+                                                          f"-{name}.jpg"),
+                                full_page=False, type="jpeg", quality=70)
         assert not remote, f"{docname}: requests to other hosts: {remote}"
         assert not failed, f"{docname}: failed requests: {failed}"
         assert not bad_status, f"{docname}: error responses: {bad_status}"

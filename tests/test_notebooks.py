@@ -1,5 +1,5 @@
 """The chapters as notebooks, outside the book build: each one runs top to bottom in a fresh
-kernel, and JupyterLab (as `make lab` starts it) opens the `.md` chapters as notebooks through
+kernel, and JupyterLab (as `make lab` / `course-lab` starts it) opens the `.md` chapters as notebooks through
 jupytext, and saves them back unchanged.
 
 Every page of _toc.yml that the book executes is covered (course/site.py reads the toc).
@@ -7,16 +7,9 @@ Every page of _toc.yml that the book executes is covered (course/site.py reads t
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import secrets
-import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -25,13 +18,13 @@ import pytest
 
 from course import site as book_site
 from course.site import ROOT, cell_timeout_s, executed_pages, source_of, tool, tool_env
+from conftest import Lab, running_lab
 
 pytestmark = pytest.mark.slow
 
 EXECUTED = executed_pages()
 MARKDOWN_CHAPTERS = [p for p in EXECUTED if source_of(p).suffix == ".md"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-LAB_START_TIMEOUT_S = 120
 JUPYTEXT_VIEWER = "Jupytext Notebook"
 
 
@@ -93,65 +86,12 @@ def test_jupytext_configuration_is_the_repository_one():
     assert "md" in config.notebook_extensions and "py" not in config.notebook_extensions
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Lab:
-    """A JupyterLab server started the way `make lab` starts it, reached through its REST API."""
-
-    def __init__(self, url: str, token: str):
-        self.url, self.token = url, token
-
-    def request(self, method: str, path: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Authorization": f"token {self.token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return json.loads(response.read() or b"{}")
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Iterator[Lab]:
-    port, token = free_port(), secrets.token_hex(16)
-    runtime = tmp_path_factory.mktemp("jupyter-runtime")
-    log = book_site.BUILD_DIR / "jupyterlab-test.log"
+def lab() -> Iterator[Lab]:
+    """The learner's JupyterLab, as `make lab` starts it."""
     book_site.BUILD_DIR.mkdir(exist_ok=True)
-    args = [tool("jupyter"), "lab", "--notebook-dir=.", "--no-browser", f"--port={port}",
-            "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-            "--ServerApp.port_retries=0"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        args.append("--allow-root")
-    env = {**tool_env(), "JUPYTER_RUNTIME_DIR": str(runtime)}
-    with open(log, "w", encoding="utf-8") as out:
-        server = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    lab = Lab(f"http://127.0.0.1:{port}", token)
-    try:
-        deadline = time.monotonic() + LAB_START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {server.returncode}:\n"
-                            f"{book_site.tail(log.read_text(encoding='utf-8'))}")
-            try:
-                lab.request("GET", "/api/status")
-                break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer within {LAB_START_TIMEOUT_S} s; "
-                                f"log: {log}")
-                time.sleep(0.5)
-        yield lab
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    with running_lab("learner", book_site.BUILD_DIR / "jupyterlab-test.log") as server:
+        yield server
 
 
 def test_jupyterlab_uses_the_jupytext_contents_manager(lab):
@@ -196,5 +136,4 @@ def test_jupyterlab_opens_markdown_as_notebooks_on_double_click(lab):
     viewer = user.get("markdown", viewers.get("markdown"))
     assert viewer == JUPYTEXT_VIEWER, (
         f"JupyterLab opens .md files with {viewer or 'the text editor'!r}, expected "
-        f"{JUPYTEXT_VIEWER!r}; `make lab` or `make test` sets it (jupytext-config --settings-file "
-        f".venv/etc/jupyter/labconfig/default_setting_overrides.json set-default-viewer)")
+        f"{JUPYTEXT_VIEWER!r}; course-lab's profiles set it (course/lab.py, JUPYTEXT_VIEWERS)")

@@ -3,11 +3,19 @@
 :func:`bounded_execute` builds nbgrader's Execute preprocessor with those limits (on first use, so
 that importing this module does not import nbgrader); the learner's check and the instructor's
 grade both run notebooks with it.
+
+The memory limit is an rlimit, so it exists only where Python has the POSIX ``resource`` module
+(Linux, macOS); elsewhere (Windows) the kernel runs without one and a warning says so. Nothing
+here imports ``resource`` at module level: the learner's check imports this module on any OS.
 """
 
 from __future__ import annotations
 
 import functools
+
+NO_MEMORY_LIMIT = ("memory limit not enforced: this OS has no `resource` module (POSIX only, "
+                   "e.g. Windows), so a notebook's kernel may use all the machine's memory")
+
 
 def _memory_limit_code(megabytes: int) -> str:
     limit = megabytes * 2**20
@@ -52,8 +60,8 @@ def bounded_execute() -> type:
                 try:
                     import resource  # noqa: F401  (POSIX only)
                     code += _memory_limit_code(self.memory_limit_mb)
-                except ImportError:
-                    pass
+                except ImportError:     # Windows: no rlimits; the cell timeout still applies
+                    self.log.warning(NO_MEMORY_LIMIT)
             for name in self.preload:
                 code += f"import {name} as _preloaded\ndel _preloaded\n"
             return code
