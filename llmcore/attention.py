@@ -54,11 +54,12 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None)
         if mask.device != q.device:
             raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
         want = (*q.shape[:-1], k.shape[-2])
-        try:
-            torch.broadcast_shapes(mask.shape, want)
-        except RuntimeError:
+        # broadcasts to want: each trailing size is 1 or want's (a plain loop: cheaper than
+        # torch.broadcast_shapes, and one-way, so a mask cannot enlarge the output)
+        if mask.dim() > len(want) or any(size not in (1, wanted) for size, wanted in
+                                         zip(reversed(mask.shape), reversed(want))):
             raise ValueError(f"mask: expected a shape that broadcasts to {want} "
-                             f"(..., n, m), got {tuple(mask.shape)}") from None
+                             f"(..., n, m), got {tuple(mask.shape)}")
     return group
 
 

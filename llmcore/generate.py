@@ -117,15 +117,24 @@ def generate(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool 
              temperature: float = 0.0, top_k: int | None = None,
              seed: int | Sequence[int] | None = None, eos_id: int | None = None,
              attention_mask: Tensor | None = None, cache: Cache | None = None,
-             backend: str = "explicit") -> Tensor:
+             backend: str = "explicit", fast: bool = False) -> Tensor:
     """Generate up to max_new_tokens after each prompt.
 
     prompt_ids: (b, n) -> (b, n + t), t <= max_new_tokens. Greedy by default; ``temperature``,
     ``top_k`` and ``seed`` sample. A sequence that emits ``eos_id`` stops: its later entries
     repeat eos_id, and generation ends once every sequence has stopped. ``use_cache`` changes the
-    speed, never the tokens. Chapters 6 and 7.
+    speed, never the tokens. ``fast=True`` takes the fast path of :mod:`llmcore.fastpath` (its
+    own static cache and fused attention: no ``cache``, ``backend`` or ``use_cache=False``), which
+    gives the same tokens. Chapters 6 and 7.
     """
     check_tensor("prompt_ids", prompt_ids)
+    if fast:
+        if cache is not None or not use_cache or backend != "explicit":
+            raise ValueError("fast=True brings its own cache and attention: leave cache, "
+                             "use_cache and backend at their defaults")
+        from .fastpath import generate_fast
+        return generate_fast(model, prompt_ids, max_new_tokens, temperature=temperature,
+                             top_k=top_k, seed=seed, eos_id=eos_id, attention_mask=attention_mask)
     out = [prompt_ids]
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     for step in decode_steps(model, prompt_ids, max_new_tokens, use_cache=use_cache,

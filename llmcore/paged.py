@@ -23,6 +23,7 @@ from typing import Hashable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from .attention import attention
 from .kvcache import attend_after_update, kv_bytes_per_token
 from .layout import Layout, ragged_layout
 from .shapes import check_operands, check_shape
@@ -143,6 +144,7 @@ class PagedKVCache:
         self.allocator = BlockAllocator(num_blocks)
         self.sequences: dict[Hashable, SequenceBlocks] = {}
         self.copy_on_write_count = 0
+        self.group_cost = GROUP_COST_SLOTS   # what one more length group costs, in key slots
 
     @classmethod
     def for_model(cls, model, *, block_size: int, num_blocks: int) -> "PagedKVCache":
@@ -297,6 +299,50 @@ class PagedKVCache:
                                                          self.d_head, element)
 
 
+GROUP_COST_SLOTS = 256
+"""What one more length group is charged, counted in key slots: it stands for the fixed cost of
+one more gather and attention call (a few small torch calls). A setting, not a measurement:
+with it, sequences within a few hundred tokens of each other share a group. Each cache can set
+its own (``PagedKVCache.group_cost``); Chapter 9 measures one group against several."""
+
+
+def length_groups(ends: Sequence[int], *,
+                  group_cost: int | None = None) -> list[tuple[list[int], int]]:
+    """Split a batch into groups of similar length, each gathered to its own longest sequence.
+
+    ends: b key counts (cached + new tokens per sequence). Returns (rows, m) pairs: the batch rows
+    of each group and its longest count. Sorted by length, the groups are runs of consecutive
+    sequences; the split minimises the slots gathered, sum over groups of (size x longest), plus
+    ``group_cost`` per group (default :data:`GROUP_COST_SLOTS`), by dynamic programming over the
+    b sorted lengths (O(b^2)).
+    One group is the plain gather to the batch's longest length. Chapter 9.
+    """
+    group_cost = GROUP_COST_SLOTS if group_cost is None else group_cost
+    order = sorted(range(len(ends)), key=lambda i: ends[i])
+    sorted_ends = [ends[i] for i in order]
+    best = [0] + [math.inf] * len(ends)          # best[j]: cost of splitting the first j
+    cut = [0] * (len(ends) + 1)                  # cut[j]: where the last group of best[j] starts
+    for j in range(1, len(ends) + 1):
+        for i in range(j):                       # last group = sorted rows i .. j-1
+            cost = best[i] + (j - i) * sorted_ends[j - 1] + group_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(ends)
+    while j > 0:
+        groups.append((order[cut[j]:j], sorted_ends[j - 1]))
+        j = cut[j]
+    return groups[::-1]
+
+
+@dataclass(frozen=True)
+class LengthGroup:
+    """Batch rows (g,) long, their block tables (g, blocks) and m, the longest key count."""
+
+    rows: Tensor
+    tables: Tensor
+    m: int
+
+
 class PagedBatch:
     """Some sequences of a :class:`PagedKVCache`, as one :class:`llmcore.cache.Cache` for a
     forward call. Sequences may have different lengths; no padding is involved."""
@@ -307,7 +353,7 @@ class PagedBatch:
         for seq_id in seq_ids:
             cache._get(seq_id)
         self.cache, self.seq_ids = cache, seq_ids
-        self._pending: tuple[Tensor, Tensor, Tensor, int] | None = None
+        self._pending: tuple | None = None     # what prepare() worked out for this call
 
     @property
     def max_length(self) -> int:
@@ -347,7 +393,11 @@ class PagedBatch:
         tables = torch.tensor([seq.blocks + [0] * (widest - len(seq.blocks)) for seq in seqs],
                               device=device)                      # (b, blocks); 0 pads, masked
         lengths = [seq.length for seq in seqs]
-        self._pending = (write_blocks, write_slots, tables, max(lengths) + n)
+        groups = [LengthGroup(torch.tensor(rows, device=device), tables[rows], ends)
+                  for rows, ends in length_groups([t + n for t in lengths],
+                                                  group_cost=cache.group_cost)] \
+            if len(seqs) > 1 else []
+        self._pending = (write_blocks, write_slots, tables, max(lengths) + n, groups)
         return ragged_layout(lengths, n, device)
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -357,7 +407,14 @@ class PagedBatch:
         sequence's extra slots hold whatever its padding block holds and are masked."""
         if self._pending is None:
             raise RuntimeError("update() before prepare(): the model calls prepare first")
-        write_blocks, write_slots, tables, m = self._pending
+        _, _, tables, m, _ = self._pending
+        key_pool, value_pool = self.write(layer, k, v)
+        return self.gather_blocks(key_pool, tables, m), self.gather_blocks(value_pool, tables, m)
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new rows k, v: (b, h_kv, n, d_head) into their slots; return this layer's
+        pools (blocks, h_kv, p, d_head)."""
+        write_blocks, write_slots = self._pending[:2]
         cache = self.cache
         key_pool, value_pool = cache.key_pools[layer], cache.value_pools[layer]
         check_operands(k=k, v=v, pool=key_pool)
@@ -366,21 +423,38 @@ class PagedBatch:
         check_shape("v", v, (b, cache.n_kv_heads, "n", cache.d_head), **sizes)
         key_pool[write_blocks, :, write_slots] = k.transpose(1, 2)      # (b, n, h_kv, d_head)
         value_pool[write_blocks, :, write_slots] = v.transpose(1, 2)
-        return self.gather_blocks(key_pool, tables, m), self.gather_blocks(value_pool, tables, m)
+        return key_pool, value_pool
 
     @staticmethod
     def gather_blocks(pool: Tensor, tables: Tensor, m: int) -> Tensor:
         """pool: (blocks, h_kv, p, d_head)   tables: (b, t) block ids   ->   (b, h_kv, m, d_head):
-        each sequence's blocks, read in table order and laid end to end (a copy)."""
-        blocks = pool[tables]                                  # (b, blocks, h_kv, p, d_head)
-        b, count, h_kv, p, d_head = blocks.shape
-        rows = blocks.transpose(1, 2).reshape(b, h_kv, count * p, d_head)
+        each sequence's blocks, read in table order and laid end to end. The head axis moves
+        first (a view), so the indexing writes each head's slots end to end: one copy, not two;
+        the result is a strided view of it."""
+        blocks = pool.transpose(0, 1)[:, tables]               # (h_kv, b, t, p, d_head): a copy
+        h_kv, b, count, p, d_head = blocks.shape
+        rows = blocks.view(h_kv, b, count * p, d_head).transpose(0, 1)   # (b, h_kv, t p, d_head)
         return rows[:, :, :m]                                  # (b, h_kv, m, d_head)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
                backend: str = "explicit") -> Tensor:
-        """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head)."""
-        return attend_after_update(self, layer, q, k, v, layout, backend)
+        """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head).
+
+        Sequences of similar length are attended together (:func:`length_groups`): each group's
+        blocks are gathered only up to its own longest sequence, not the batch's."""
+        if self._pending is None:
+            raise RuntimeError("attend() before prepare(): the model calls prepare first")
+        groups = self._pending[4]
+        if len(groups) <= 1:                                  # one group: gather to the longest
+            return attend_after_update(self, layer, q, k, v, layout, backend)
+        key_pool, value_pool = self.write(layer, k, v)
+        out = torch.empty_like(q)                                         # (b, h, n, d_head)
+        for group in groups:
+            keys = self.gather_blocks(key_pool, group.tables, group.m)    # (b_g, h_kv, m_g, d_head)
+            values = self.gather_blocks(value_pool, group.tables, group.m)
+            mask = None if layout.mask is None else layout.mask[group.rows, ..., :group.m]
+            out[group.rows] = attention(q[group.rows], keys, values, mask=mask, backend=backend)
+        return out
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
         """Each sequence of the batch now holds n more tokens."""

@@ -76,8 +76,8 @@ def online_softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
     return out.movedim(-1, dim)
 
 
-def online_softmax_step(running_max: Tensor, running_sum: Tensor,
-                        scores: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def online_softmax_step(running_max: Tensor, running_sum: Tensor, scores: Tensor, *,
+                        inplace: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fold one block of scores into a running maximum and sum.
 
     running_max, running_sum: (..., 1)   scores: (..., block)   ->
@@ -85,12 +85,13 @@ def online_softmax_step(running_max: Tensor, running_sum: Tensor,
     ``rescale = exp(running_max - new_max)`` converts anything accumulated against the old maximum
     and ``weights = exp(scores - new_max)``. Start from running_max = -inf, running_sum = 0.
     Rows whose scores are all -inf so far keep max -inf and sum 0 (shifted by 0, never NaN).
-    Chapter 10.
+    inplace: compute the weights in the scores' own memory (no second tile allocated; the caller
+    must not need the scores afterwards). Chapter 10.
     """
     new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))      # (..., 1)
     shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
     rescale = torch.exp(running_max - shift)                # 0 while nothing was seen: -inf - 0
-    weights = torch.exp(scores - shift)                      # (..., block); masked -> 0
+    weights = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)   # masked -> 0
     new_sum = running_sum * rescale + weights.sum(dim=-1, keepdim=True)
     return new_max, new_sum, rescale, weights
 
@@ -146,23 +147,23 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)       # (..., n, d_head)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_tile = q[..., i0:i1, :]                                    # (..., tq, d_head)
+        q_tile = q[..., i0:i1, :] / scale          # (..., tq, d_head): scaled once, not per tile
         running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF, dtype=q.dtype, device=q.device)
         running_sum = torch.zeros_like(running_max)                  # (..., tq, 1)
         acc = torch.zeros_like(q_tile)                               # (..., tq, d_head)
         key_end = min(m, i1 + offset) if causal else m               # last visible key + 1
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, m)
-            scores = q_tile @ k[..., j0:j1, :].transpose(-2, -1) / scale   # (..., tq, tk)
+            scores = q_tile @ k[..., j0:j1, :].transpose(-2, -1)      # (..., tq, tk)
             if causal and j1 - 1 > i0 + offset:                      # tile crosses the diagonal
                 rows = torch.arange(i0, i1, device=q.device).unsqueeze(-1)   # (tq, 1)
                 cols = torch.arange(j0, j1, device=q.device)                 # (tk,)
-                scores = scores.masked_fill(cols > rows + offset, NEG_INF)
+                scores.masked_fill_(cols > rows + offset, NEG_INF)
             if allowed is not None:
-                scores = scores.masked_fill(~allowed[..., i0:i1, j0:j1], NEG_INF)
+                scores.masked_fill_(~allowed[..., i0:i1, j0:j1], NEG_INF)
             running_max, running_sum, rescale, weights = online_softmax_step(
-                running_max, running_sum, scores)
-            acc = acc * rescale + weights @ v[..., j0:j1, :]         # (..., tq, d_head)
+                running_max, running_sum, scores, inplace=True)     # weights overwrite scores
+            acc = acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])  # (..., tq, d_head)
         total = torch.where(running_sum > 0, running_sum, torch.ones_like(running_sum))
         out[..., i0:i1, :] = acc / total                             # unseen rows: 0 / 1 = 0
     return out.flatten(-4, -3) if group > 1 else out

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 import torch
 
 from llmcore.device import load_average, pick_device, usable_cores
-from . import inference, ops
+from . import fast, inference, ops
 
 Section = Callable[..., None]
 """``run(out: TextIO, *, quick: bool, device: torch.device) -> None``."""
@@ -23,6 +23,7 @@ Section = Callable[..., None]
 SECTIONS: list[tuple[str, Section]] = [
     (ops.NAME, ops.run),
     (inference.NAME, inference.run),
+    (fast.NAME, fast.run),
 ]
 
 

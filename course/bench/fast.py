@@ -1,0 +1,405 @@
+"""Section ``fast``: the fast inference path against its peers, measured in the same run.
+
+* this machine's memory bandwidth (a large tensor copy), the bound every decode step is held to;
+* generation tokens/s, greedy, batch 1 and batch 16 (mixed prompt lengths, left-padded), on the
+  4M course model and on the GPT-2 small shape: llmcore's teaching path, llmcore's fast path
+  (``generate(..., fast=True)``) and Hugging Face transformers' ``GPT2LMHeadModel.generate`` with
+  the SAME weights (the llmcore model is saved with ``save_gpt2`` and loaded by
+  ``from_pretrained`` from that local directory; nothing is downloaded). Tokens must be equal;
+* one fast decode step against its weight-read bound (weight bytes / measured bandwidth);
+* the fast path with and without ``torch.compile`` (4M model, batch 1);
+* a paged decode step against a contiguous one on 16 sequences of mixed lengths (20-900);
+* a shared-prefix decode step against a contiguous cache that stores the prefix per sequence;
+* attention measured directly: llmcore's explicit ``attention`` against PyTorch's
+  ``scaled_dot_product_attention`` called on the same (b, h, n, d_head) tensors, and tiled
+  attention against SDPA in time and in peak memory at n = 4096.
+
+Each ratio line says what it divides by what. Chapter 7 (the fast path) and Chapter 9.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from llmcore.attention import attention
+from llmcore.checkpoint import save_gpt2
+from llmcore.device import describe_machine
+from llmcore.fastpath import FastGPT, StaticCache, generate_fast
+from llmcore.generate import generate
+from llmcore.kvcache import KVCache
+from llmcore.model import GPT, GPTConfig
+from llmcore.paged import PagedKVCache
+from llmcore.peak_memory import peak_memory
+from llmcore.prefix import SharedPrefixCache
+from llmcore.tiled import tiled_attention
+from llmcore.timing import time_call
+from .ops import format_seconds, write_ratio
+
+NAME = "fast"
+
+FAST_VS_TRANSFORMERS_AT_LEAST = 1.2
+"""Goal: the fast path's tokens/s at least 1.2x transformers' on the same weights."""
+
+STEP_VS_BOUND_AT_MOST = 3.0
+"""Goal: the 4M model's decode step within 3x of its weight-read time at measured bandwidth."""
+
+BANDWIDTH_SHARE_AT_LEAST = 0.5
+"""Goal: GPT-2 small's decode step reads its weights at >= 50% of the measured bandwidth."""
+
+PAGED_VS_CONTIGUOUS_AT_MOST = 1.3
+"""Goal: a paged decode step at most 1.3x a contiguous one on mixed lengths."""
+
+TILED_VS_SDPA_TIME_AT_MOST = 2.0
+TILED_VS_SDPA_MEMORY_AT_MOST = 1.2
+"""Goals: tiled attention within 2x SDPA's time and 1.2x its peak memory at n = 4096."""
+
+MODEL_4M = GPTConfig(vocab_size=256, max_seq_len=1088, d_model=256, n_heads=8, n_layers=4)
+"""The course's 4M model shape (``python -m course.bench --section inference`` uses it too)."""
+
+GPT2_SMALL = GPTConfig(vocab_size=50257, max_seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+"""GPT-2 small's shape (124M parameters), random weights."""
+
+TINY = GPTConfig(vocab_size=64, max_seq_len=64, d_model=16, n_heads=2, n_layers=1)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    shapes: tuple[tuple[str, GPTConfig], ...]   # (label, config) of each generation model
+    prompt: int                                 # prompt tokens (the longest, at batch 16)
+    new_tokens: int                             # generated per sequence
+    batches: tuple[int, ...]
+    repeats: int                                # best of this many interleaved runs
+    bandwidth_mib: int                          # size of the copied tensor
+    paged_lengths: tuple[int, int]              # the mixed lengths' range
+    paged_batch: int
+    block_size: int
+    attention_heads: int
+    explicit_ns: tuple[int, ...]                # explicit vs SDPA at these n
+    tiled_n: int
+    compile_check: bool                         # measure torch.compile (slow to warm up)
+    min_seconds: float                          # each timed repeat lasts at least this long
+
+
+FULL = Sizes(shapes=(("4M", MODEL_4M), ("GPT-2 small", GPT2_SMALL)), prompt=16, new_tokens=32,
+             batches=(1, 16), repeats=3, bandwidth_mib=256, paged_lengths=(20, 900),
+             paged_batch=16, block_size=16, attention_heads=8, explicit_ns=(512, 2048),
+             tiled_n=4096, compile_check=True, min_seconds=0.05)
+QUICK = Sizes(shapes=(("tiny", TINY),), prompt=6, new_tokens=4, batches=(1, 3), repeats=1,
+              bandwidth_mib=4, paged_lengths=(2, 30), paged_batch=4, block_size=4,
+              attention_heads=2, explicit_ns=(32,), tiled_n=64, compile_check=False, min_seconds=0.0)
+
+
+def memory_bandwidth(device: torch.device, mib: int) -> float:
+    """Bytes per second this machine moves: a copy of ``mib`` MiB reads and writes each byte once,
+    so 2 x size / time (best of 5)."""
+    source = torch.ones(mib * 2**20 // 4, device=device)
+    target = torch.empty_like(source)
+    seconds = time_call(target.copy_, source, repeats=5, min_seconds=0.05, statistic="min")
+    return 2 * source.numel() * 4 / seconds
+
+
+def best_time(fn: Callable, *args, sizes: Sizes, long_call: bool = False, **kwargs) -> float:
+    """Seconds per call: the best of 7 repeats of at least ``sizes.min_seconds`` each (3 repeats
+    of one call for a ``long_call``; one quick repeat with --quick)."""
+    repeats = 1 if not sizes.min_seconds else 3 if long_call else 7
+    return time_call(fn, *args, repeats=repeats, min_seconds=0 if long_call else sizes.min_seconds,
+                     statistic="min", **kwargs)
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes a decode step reads: every parameter but the position table (one row of it)."""
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+               if name != "position_embedding")
+
+
+def load_transformers(model: GPT, directory: str):
+    """transformers' GPT2LMHeadModel with ``model``'s weights, or (None, why not)."""
+    try:
+        import transformers
+        from transformers import GPT2LMHeadModel
+    except ImportError as err:
+        return None, f"transformers is not installed ({err}); pip install -e '.[dev]'"
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    save_gpt2(model, directory)
+    peer = GPT2LMHeadModel.from_pretrained(directory, dtype=model.dtype,
+                                           attn_implementation="sdpa").to(model.device).eval()
+    return peer, f"transformers {transformers.__version__}"
+
+
+def mixed_prompts(config: GPTConfig, b: int, n: int, seed: int):
+    """b prompts of up to n tokens: ids (b, n) and a left-padding mask (b, n); batch 1 has none."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (b, n), generator=g)
+    if b == 1:
+        return ids, None
+    lengths = torch.randint(max(1, n // 4), n + 1, (b,), generator=g)
+    lengths[0] = n
+    mask = (torch.arange(n)[None, :] >= (n - lengths)[:, None]).long()
+    return ids, mask
+
+
+def best_of(runs: dict[str, Callable], repeats: int) -> tuple[dict[str, float], dict]:
+    """Each runner's best time over ``repeats`` rounds, interleaved (A B C A B C ...) so that a
+    change in the machine's load hits every runner alike; and each one's last result."""
+    times = {name: float("inf") for name in runs}
+    results = {}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            times[name] = min(times[name], time.perf_counter() - start)
+    return times, results
+
+
+def generation(out: TextIO, label: str, model: GPT, peer, sizes: Sizes,
+               checked: bool) -> None:
+    config, new = model.config, sizes.new_tokens
+    out.write(f"\ngeneration, {label} ({model.num_parameters() / 1e6:.1f}M parameters), "
+              f"greedy, {new} new tokens, prompts of up to {sizes.prompt} tokens\n")
+    out.write(f"  {'batch':>5} {'teaching':>12} {'fast':>12} {'transformers':>13}  tokens/s\n")
+    for b in sizes.batches:
+        ids, mask = mixed_prompts(config, b, sizes.prompt, seed=b)
+        ids = ids.to(model.device)
+        mask = None if mask is None else mask.to(model.device)
+        runs = {"teaching": lambda: generate(model, ids, new, attention_mask=mask),
+                "fast": lambda: generate(model, ids, new, attention_mask=mask, fast=True)}
+        if peer is not None:
+            runs["transformers"] = lambda: peer.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        for fn in runs.values():
+            fn()                                                          # warm-up
+        # short runs (the 4M model) get more rounds: a best of few is still noisy on a busy CPU
+        rounds = sizes.repeats * (3 if model.num_parameters() < 2e7 else 1)
+        times, results = best_of(runs, rounds)
+        for name, tokens in results.items():
+            if not torch.equal(tokens, results["teaching"]):
+                raise AssertionError(f"{label}, batch {b}: {name} generated other tokens than "
+                                     "the teaching path")
+        rate = {name: b * new / seconds for name, seconds in times.items()}
+        peer_rate = f"{rate['transformers']:>13.0f}" if peer is not None else f"{'-':>13}"
+        out.write(f"  {b:>5} {rate['teaching']:>12.0f} {rate['fast']:>12.0f} {peer_rate}"
+                  f"  (greedy tokens identical)\n")
+        write_ratio(out, f"{label} batch {b}, fast / teaching tokens/s",
+                    rate["fast"] / rate["teaching"])
+        if peer is not None:
+            write_ratio(out, f"{label} batch {b}, fast / transformers tokens/s",
+                        rate["fast"] / rate["transformers"],
+                        at_least=FAST_VS_TRANSFORMERS_AT_LEAST, checked=checked)
+
+
+def decode_step_seconds(fast: FastGPT, b: int, context: int, sizes: Sizes) -> float:
+    """One fast decode step at batch b after ``context`` cached tokens (best of 7)."""
+    model = fast.model
+    cache = StaticCache(model, b, context + 1)
+    ids = torch.zeros(b, context + 1, dtype=torch.long, device=model.device)
+    positions = torch.arange(context + 1, device=model.device).expand(b, context + 1)
+    with torch.inference_mode():
+        fast.step(ids[:, :context], positions[:, :context], cache, None)
+
+        def step():
+            cache.length = context
+            fast.step(ids[:, context:], positions[:, context:], cache, None)
+
+        return best_time(step, sizes=sizes)
+
+
+def decode_vs_bandwidth(out: TextIO, label: str, model: GPT, bandwidth: float, sizes: Sizes,
+                        checked: bool) -> None:
+    seconds = decode_step_seconds(FastGPT(model), 1, sizes.prompt, sizes)
+    read = weight_bytes(model)
+    bound = read / bandwidth
+    out.write(f"\none fast decode step, {label}, batch 1, {sizes.prompt} cached tokens: "
+              f"{format_seconds(seconds)}; weights {read / 2**20:.1f} MiB, read in "
+              f"{format_seconds(bound)} at the measured bandwidth\n")
+    if label == "GPT-2 small":
+        write_ratio(out, f"{label} decode, weight bytes per second / measured bandwidth",
+                    bound / seconds, at_least=BANDWIDTH_SHARE_AT_LEAST, checked=checked)
+    else:
+        write_ratio(out, f"{label} decode step time / weight-read bound", seconds / bound,
+                    at_most=STEP_VS_BOUND_AT_MOST if label == "4M" else None, checked=checked)
+
+
+def with_and_without_compile(out: TextIO, model: GPT, sizes: Sizes) -> None:
+    ids = mixed_prompts(model.config, 1, sizes.prompt, seed=0)[0].to(model.device)
+    eager = FastGPT(model)
+    start = time.perf_counter()
+    try:
+        compiled = FastGPT(model, compile=True)
+        want = generate_fast(model, ids, sizes.new_tokens, fast_model=eager)
+        got = generate_fast(model, ids, sizes.new_tokens, fast_model=compiled)
+    except Exception as err:                       # report, never hide: the figure is missing
+        out.write(f"\ntorch.compile failed here: {type(err).__name__}: {err}\n")
+        return
+    warm_up = time.perf_counter() - start
+    if not torch.equal(got, want):
+        raise AssertionError("the compiled fast path generated other tokens")
+    times, _ = best_of({"eager": lambda: generate_fast(model, ids, sizes.new_tokens,
+                                                       fast_model=eager),
+                        "compiled": lambda: generate_fast(model, ids, sizes.new_tokens,
+                                                          fast_model=compiled)}, sizes.repeats)
+    out.write(f"\ntorch.compile of the fast path's block, 4M model, batch 1: first call "
+              f"{warm_up:.1f} s (compilation); then {sizes.new_tokens / times['eager']:.0f} "
+              f"tokens/s eager, {sizes.new_tokens / times['compiled']:.0f} compiled\n")
+    write_ratio(out, "4M batch 1, compiled / eager fast path tokens/s",
+                times["eager"] / times["compiled"])
+
+
+@torch.no_grad()
+def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) -> None:
+    """One decode step of b sequences of mixed lengths: a paged batch against one contiguous,
+    left-padded cache, both through ``GPT.forward`` with the same backend."""
+    b, p = sizes.paged_batch, sizes.block_size
+    low, high = sizes.paged_lengths
+    rng = random.Random(4)
+    lengths = [rng.randint(low, high) for _ in range(b)]
+    lengths[0] = high
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, model.config.vocab_size, (b, high), generator=g).to(model.device)
+    mask = torch.arange(high, device=model.device)[None, :] >= \
+        torch.tensor([high - n for n in lengths], device=model.device)[:, None]
+    contiguous = KVCache.for_model(model, b, max_tokens=high + 1)
+    model(ids, contiguous, attention_mask=mask, backend="fused")
+    paged = PagedKVCache.for_model(model, block_size=p,
+                                   num_blocks=sum(-(-(n + 1) // p) for n in lengths))
+    for i, n in enumerate(lengths):
+        paged.add_sequence(i)
+        model(ids[i:i + 1, high - n:], paged.batch([i]), backend="fused")
+    step = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(model.device)
+    out.write(f"\none decode step, {b} sequences of {min(lengths)}-{max(lengths)} cached tokens "
+              f"(mean {sum(lengths) / b:.0f}); contiguous: one left-padded cache of "
+              f"{high}; paged: blocks of {p}, attended in length groups\n")
+    for backend in ("fused", "explicit"):
+        want = model(step, contiguous, backend=backend)
+        contiguous.truncate(high)
+        got = model(step, paged.batch(range(b)), backend=backend)
+        for i, n in enumerate(lengths):
+            paged.truncate(i, n)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+        def contiguous_step():
+            model(step, contiguous, backend=backend)
+            contiguous.truncate(high)
+
+        def paged_step():
+            model(step, paged.batch(range(b)), backend=backend)
+            for i, n in enumerate(lengths):
+                paged.truncate(i, n)
+
+        t_contiguous = best_time(contiguous_step, sizes=sizes)
+        t_paged = best_time(paged_step, sizes=sizes)
+        out.write(f"  backend {backend!r}: contiguous {format_seconds(t_contiguous)}, "
+                  f"paged {format_seconds(t_paged)} (same logits)\n")
+        write_ratio(out, f"mixed lengths, paged / contiguous decode step time ({backend})",
+                    t_paged / t_contiguous,
+                    at_most=PAGED_VS_CONTIGUOUS_AT_MOST if backend == "fused" else None,
+                    checked=checked)
+
+
+@torch.no_grad()
+def shared_prefix(out: TextIO, model: GPT, sizes: Sizes, checked: bool) -> None:
+    """One decode step of b sequences behind one common prefix: the shared-prefix cache (prefix
+    K/V stored once) against a contiguous cache holding the prefix once per sequence."""
+    b, prefix_length, own = sizes.paged_batch, sizes.paged_lengths[1] // 2, 8
+    g = torch.Generator().manual_seed(6)
+    prefix_ids = torch.randint(0, model.config.vocab_size, (1, prefix_length), generator=g)
+    own_ids = torch.randint(0, model.config.vocab_size, (b, own), generator=g)
+    prefix_ids, own_ids = prefix_ids.to(model.device), own_ids.to(model.device)
+    shared = SharedPrefixCache.prefill(model, prefix_ids, batch_size=b)
+    model(own_ids, shared)
+    contiguous = KVCache.for_model(model, b, max_tokens=prefix_length + own + 1)
+    model(torch.cat([prefix_ids.expand(b, -1), own_ids], dim=1), contiguous, backend="fused")
+    step = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(model.device)
+    torch.testing.assert_close(model(step, shared), model(step, contiguous, backend="fused"),
+                               rtol=1e-4, atol=1e-4)
+    shared.own.truncate(own)
+    contiguous.truncate(prefix_length + own)
+
+    def shared_step():
+        model(step, shared)
+        shared.own.truncate(own)
+
+    def contiguous_step():
+        model(step, contiguous, backend="fused")
+        contiguous.truncate(prefix_length + own)
+
+    t_shared = best_time(shared_step, sizes=sizes)
+    t_contiguous = best_time(contiguous_step, sizes=sizes)
+    out.write(f"\none decode step, {b} sequences behind one {prefix_length}-token prefix, "
+              f"{own} own tokens each: contiguous (prefix stored {b} times, fused attention) "
+              f"{format_seconds(t_contiguous)}, shared prefix (stored once, explicit attention) "
+              f"{format_seconds(t_shared)} (same logits)\n")
+    write_ratio(out, "shared prefix, contiguous / shared-prefix decode step time",
+                t_contiguous / t_shared)
+
+
+def attention_direct(out: TextIO, sizes: Sizes, device: torch.device, checked: bool) -> None:
+    h, d_head = sizes.attention_heads, 64
+    g = torch.Generator().manual_seed(5)
+    out.write(f"\ncausal attention, q, k, v: (1, {h}, n, {d_head}) float32, best of 3 each; "
+              "'SDPA' is torch.nn.functional.scaled_dot_product_attention(is_causal=True) called "
+              "directly\n")
+    for n in sizes.explicit_ns:
+        q, k, v = (torch.randn(1, h, n, d_head, generator=g).to(device) for _ in range(3))
+        explicit = best_time(attention, q, k, v, causal=True, sizes=sizes)
+        sdpa = best_time(F.scaled_dot_product_attention, q, k, v, is_causal=True, sizes=sizes)
+        out.write(f"  n={n}: explicit attention() {format_seconds(explicit)}, SDPA "
+                  f"{format_seconds(sdpa)}\n")
+        write_ratio(out, f"explicit attention() time / SDPA time (n={n})", explicit / sdpa)
+    n = sizes.tiled_n
+    q, k, v = (torch.randn(1, h, n, d_head, generator=g).to(device) for _ in range(3))
+    torch.testing.assert_close(tiled_attention(q, k, v, causal=True),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               rtol=1e-4, atol=1e-5)
+    tiled = best_time(tiled_attention, q, k, v, causal=True, sizes=sizes, long_call=True)
+    sdpa = best_time(F.scaled_dot_product_attention, q, k, v, is_causal=True, sizes=sizes,
+                     long_call=True)
+    tiled_peak = peak_memory(tiled_attention, q, k, v, causal=True)
+    sdpa_peak = peak_memory(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+    out.write(f"  n={n}: tiled_attention (128 x 128 tiles) {format_seconds(tiled)}, "
+              f"{tiled_peak / 2**20:.2f} MiB peak; SDPA {format_seconds(sdpa)}, "
+              f"{sdpa_peak / 2**20:.2f} MiB peak (output included in both)\n")
+    write_ratio(out, f"tiled / SDPA time (n={n})", tiled / sdpa,
+                at_most=TILED_VS_SDPA_TIME_AT_MOST, checked=checked)
+    write_ratio(out, f"tiled / SDPA peak memory (n={n})", tiled_peak / sdpa_peak,
+                at_most=TILED_VS_SDPA_MEMORY_AT_MOST, checked=checked)
+
+
+def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None = None) -> None:
+    """Measure and write the section's tables and ratios to ``out``."""
+    device = torch.device(device if device is not None else "cpu")
+    sizes = QUICK if quick else FULL
+    checked = not quick
+    out.write(f"== {NAME}: the fast inference path against transformers, the bandwidth bound, "
+              f"paging and SDPA ==\n")
+    out.write(f"machine: {describe_machine(device)}"
+              f"{'   (--quick: tiny sizes, not a measurement)' if quick else ''}\n")
+    bandwidth = memory_bandwidth(device, sizes.bandwidth_mib)
+    out.write(f"memory bandwidth: {bandwidth / 1e9:.1f} GB/s (copy of {sizes.bandwidth_mib} MiB, "
+              f"read + write, best of 5)\n")
+    for label, config in sizes.shapes:
+        model = GPT(config, device=device, seed=0).eval()
+        with tempfile.TemporaryDirectory() as directory:
+            peer, note = load_transformers(model, directory)
+        if peer is None:
+            out.write(f"\ntransformers comparison skipped: {note}\n")
+        else:
+            out.write(f"\npeer: {note}, GPT2LMHeadModel from llmcore.save_gpt2 of the same "
+                      f"random weights, sdpa attention\n")
+        generation(out, label, model, peer, sizes, checked)
+        decode_vs_bandwidth(out, label, model, bandwidth, sizes, checked)
+        if sizes.compile_check and label == "4M":
+            with_and_without_compile(out, model, sizes)
+        del model, peer
+    paged_mixed_lengths(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes,
+                        checked)
+    shared_prefix(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes, checked)
+    attention_direct(out, sizes, device, checked)

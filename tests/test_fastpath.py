@@ -1,0 +1,128 @@
+"""llmcore.fastpath: the fast path computes what the teaching path computes. Same last-row logits
+after a prompt and after every decode step, same greedy tokens at batch 1 and 16, with left
+padding (mixed prompt lengths), grouped-query attention, eos, seeded sampling; its errors name
+what was wrong; it follows the model's device (CPU, CUDA where present, meta)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY, TINY_GQA
+from llmcore import generate
+from llmcore.fastpath import FastGPT, StaticCache, generate_fast
+from llmcore.kvcache import KVCache
+from llmcore.model import GPT
+from test_model import randomize, token_ids
+
+
+def mixed_lengths(config, b, n, device, seed=0):
+    """b left-padded prompts of 1..n real tokens: ids (b, n) and mask (b, n)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, n + 1, (b,), generator=g)
+    lengths[0] = n                                           # one full-length prompt
+    mask = torch.arange(n)[None, :] >= (n - lengths)[:, None]
+    return token_ids(config, b, n, seed).to(device), mask.to(device)
+
+
+@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
+def test_step_logits_equal_the_teaching_forward_with_a_cache(config, device):
+    model = randomize(GPT(config), seed=4).to(device).eval()
+    prompt = token_ids(config, 3, 7).to(device)
+    fast, cache = FastGPT(model), StaticCache(model, 3, 12)
+    teaching = KVCache.for_model(model, 3)
+    positions = torch.arange(12, device=device).expand(3, 12)
+    with torch.no_grad():
+        want = model(prompt, teaching, last_only=True)[:, -1]
+        got = fast.step(prompt, positions[:, :7], cache, None)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for t in range(7, 12):
+            step = want.argmax(dim=-1, keepdim=True)
+            want = model(step, teaching, last_only=True)[:, -1]
+            got = fast.step(step, positions[:, t:t + 1], cache, None)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert cache.length == teaching.length == 12
+
+
+@pytest.mark.parametrize("b", [1, 16])
+@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
+def test_greedy_tokens_equal_the_teaching_path(config, b, device):
+    model = randomize(GPT(config), seed=5).to(device).eval()
+    prompt = token_ids(config, b, 6, seed=b).to(device)
+    want = generate(model, prompt, 20)
+    assert torch.equal(generate(model, prompt, 20, fast=True), want)
+    assert torch.equal(generate_fast(model, prompt, 20), want)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_mixed_prompt_lengths_with_left_padding_give_the_teaching_tokens(b, device):
+    model = randomize(GPT(TINY), seed=6).to(device).eval()
+    prompt, mask = mixed_lengths(TINY, b, 9, device, seed=b)
+    want = generate(model, prompt, 15, attention_mask=mask)
+    assert torch.equal(generate(model, prompt, 15, attention_mask=mask, fast=True), want)
+
+
+def test_eos_and_seeded_sampling_match_the_teaching_path():
+    model = randomize(GPT(TINY), seed=7).eval()
+    prompt = token_ids(TINY, 4, 5)
+    greedy = generate(model, prompt, 12)
+    eos = int(greedy[0, 8])                         # a token the first sequence emits
+    assert torch.equal(generate(model, prompt, 12, eos_id=eos, fast=True),
+                       generate(model, prompt, 12, eos_id=eos))
+    for seed in (3, [1, 2, 3, 4]):
+        assert torch.equal(generate(model, prompt, 12, temperature=0.8, top_k=5, seed=seed,
+                                    fast=True),
+                           generate(model, prompt, 12, temperature=0.8, top_k=5, seed=seed))
+
+
+def test_fast_path_runs_under_inference_mode_and_leaves_the_model_unchanged():
+    model = randomize(GPT(TINY), seed=8).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out = generate(model, token_ids(TINY, 2, 4), 5, fast=True)
+    assert out.is_inference()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_bad_calls_are_refused_with_what_was_expected():
+    model = GPT(TINY).eval()
+    prompt = token_ids(TINY, 2, 4)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        generate(model, prompt, TINY.max_seq_len, fast=True)
+    with pytest.raises(ValueError, match="ids must lie in"):
+        generate(model, prompt + TINY.vocab_size, 3, fast=True)
+    with pytest.raises(ValueError, match=r"attention_mask.*\(2, 4\)"):
+        generate(model, prompt, 3, attention_mask=torch.ones(2, 5, dtype=torch.bool), fast=True)
+    with pytest.raises(ValueError, match="fast=True brings its own cache"):
+        generate(model, prompt, 3, backend="fused", fast=True)
+    with pytest.raises(ValueError, match="another model"):
+        generate_fast(model, prompt, 3, fast_model=FastGPT(GPT(TINY)))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, prompt, -1, fast=True)
+
+
+def test_meta_device_generation_makes_nothing_on_the_cpu():
+    model = GPT(TINY_GQA, device="meta")
+    prompt = torch.zeros(3, 5, dtype=torch.long, device="meta")
+    out = generate(model, prompt, 4, fast=True)
+    assert out.shape == (3, 9) and out.device.type == "meta"
+    mask = torch.ones(3, 5, dtype=torch.bool, device="meta")
+    assert generate(model, prompt, 4, attention_mask=mask, fast=True).shape == (3, 9)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_transformers_generates_the_same_tokens_from_the_same_weights(b, tmp_path):
+    """llmcore (teaching and fast) == Hugging Face transformers' GPT2LMHeadModel loaded from
+    llmcore.save_gpt2's directory: greedy tokens, batch 1 and 16 with mixed prompt lengths."""
+    transformers = pytest.importorskip("transformers", reason="transformers (dev extra) is absent")
+    from llmcore import save_gpt2
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = randomize(GPT(TINY), seed=9).eval()
+    save_gpt2(model, tmp_path)
+    peer = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompt, mask = mixed_lengths(TINY, b, 8, "cpu", seed=b)
+    want = peer.generate(input_ids=prompt, attention_mask=mask.long(), max_new_tokens=12,
+                         min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(generate(model, prompt, 12, attention_mask=mask, fast=True), want)
+    assert torch.equal(generate(model, prompt, 12, attention_mask=mask), want)
