@@ -15,7 +15,7 @@ Face's ``nn.Linear`` stores (out, in), so :func:`load_hf_llama` transposes. Chap
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
@@ -26,8 +26,8 @@ from .cache import Cache
 from .ffn import swiglu
 from .layout import Layout, check_attention_mask, contiguous_layout
 from .matmul import linear
-from .model import GPT, _param
-from .multihead import head_sizes, merge_heads, split_heads
+from .model import GPT, DecoderSizes, _param
+from .multihead import merge_heads, split_heads
 from .norm import RMS_EPS, rms_norm
 from .rope import ROPE_BASE, apply_rope
 
@@ -36,37 +36,17 @@ INIT_STD = 0.02
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(DecoderSizes):
     """Sizes of a Llama. d_ff defaults to Llama's 8/3 d_model rounded up to a multiple of 8."""
 
-    vocab_size: int = 256
-    max_seq_len: int = 64
-    d_model: int = 32
-    n_heads: int = 4
-    n_layers: int = 2
-    n_kv_heads: int | None = None
-    d_ff: int | None = None
     rms_eps: float = RMS_EPS
     rope_base: float = ROPE_BASE
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_seq_len", "d_model", "n_heads", "n_layers"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be positive, got {getattr(self, name)}")
-        d_head, _ = head_sizes(self.d_model, self.n_heads, self.n_kv_heads)
-        if d_head % 2:
-            raise ValueError(f"LlamaConfig: d_head = {d_head} must be even (RoPE turns pairs)")
-        if self.d_ff is not None and self.d_ff <= 0:
-            raise ValueError(f"LlamaConfig.d_ff must be positive, got {self.d_ff}")
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        """h_kv: the number of K/V heads."""
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        super().__post_init__()
+        if self.d_head % 2:
+            raise ValueError(f"LlamaConfig: d_head = {self.d_head} must be even (RoPE turns "
+                             "pairs)")
 
     @property
     def ffn_width(self) -> int:
@@ -74,9 +54,6 @@ class LlamaConfig:
         if self.d_ff is not None:
             return self.d_ff
         return -(-8 * self.d_model // 3 // 8) * 8
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class RMSNorm(nn.Module):

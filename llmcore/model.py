@@ -34,8 +34,10 @@ INIT_STD / sqrt(2 L) so the residual stream's variance does not grow with depth.
 
 
 @dataclass(frozen=True)
-class GPTConfig:
-    """Sizes of a GPT. d_ff defaults to 4 d_model and n_kv_heads to n_heads (plain multi-head)."""
+class DecoderSizes:
+    """The sizes every decoder-only transformer in llmcore has (GPT here, Llama in
+    :mod:`llmcore.llama`), checked once: vocabulary, context, width, heads, layers, and the
+    optional K/V head count and FFN width. Each model's config adds its own settings."""
 
     vocab_size: int = 256
     max_seq_len: int = 64
@@ -44,15 +46,15 @@ class GPTConfig:
     n_layers: int = 2
     n_kv_heads: int | None = None
     d_ff: int | None = None
-    ln_eps: float = LN_EPS
 
     def __post_init__(self) -> None:
+        kind = type(self).__name__
         for name in ("vocab_size", "max_seq_len", "d_model", "n_heads", "n_layers"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"{kind}.{name} must be positive, got {getattr(self, name)}")
         head_sizes(self.d_model, self.n_heads, self.n_kv_heads)   # raises on uneven heads
         if self.d_ff is not None and self.d_ff <= 0:
-            raise ValueError(f"GPTConfig.d_ff must be positive, got {self.d_ff}")
+            raise ValueError(f"{kind}.d_ff must be positive, got {self.d_ff}")
 
     @property
     def d_head(self) -> int:
@@ -65,11 +67,18 @@ class GPTConfig:
 
     @property
     def ffn_width(self) -> int:
-        """f: the FFN's hidden width."""
+        """f: the FFN's hidden width (default 4 d_model)."""
         return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class GPTConfig(DecoderSizes):
+    """Sizes of a GPT. d_ff defaults to 4 d_model and n_kv_heads to n_heads (plain multi-head)."""
+
+    ln_eps: float = LN_EPS
 
 
 def _param(*shape: int, device, dtype) -> nn.Parameter:
