@@ -106,6 +106,7 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
     """Known violations committed after the learner's function returned, under the same recorder
     and stand-ins: each must still be seen (True) or the learner's code switched a check off."""
     policy = recorder.policy
+    counted = (recorder.ops.copy(), recorder.products, recorder.flops)
     before = (recorder.ops["aten.mm"], recorder.products, len(recorder.violations))
     eye = torch.eye(2)
     refused = False
@@ -138,7 +139,8 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
             except NotAllowedError:
                 pass
         result["numpy"] = ok
-    del recorder.violations[before[2]:]     # the canaries' own refusals are not the learner's
+    del recorder.violations[before[2]:]     # the canaries' own work is not the learner's
+    recorder.ops, recorder.products, recorder.flops = counted
     return result
 
 
@@ -152,6 +154,7 @@ class Test:
         self.cell = cell
         self.policy = Policy.of(tuple(forbid), hint)
         self.cases: list[str] = []
+        self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
 
     def _run(self, fn: Callable, args, kwargs):
         recorder = OpRecorder(self.policy)
@@ -164,6 +167,7 @@ class Test:
                 except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
                     error = raised
                 canaries = _canaries(recorder, stand_ins)
+        self.last = recorder
         return recorder, result, error, canaries
 
     def _publish(self, case: str, recorder: OpRecorder, output: dict, inputs: str,
@@ -208,9 +212,10 @@ class Test:
         return result
 
     def raises(self, expected: type[BaseException], fn: Callable, *args, case: str,
-               match: str = "", inputs=(), **kwargs) -> BaseException:
+               match: str = "", explain: str = "", inputs=(), **kwargs) -> BaseException:
         """Run ``fn`` expecting ``expected`` with a message matching ``match``; publish the
-        record; return the exception (AssertionError in the kernel when it did not come)."""
+        record; return the exception (AssertionError in the kernel when it did not come).
+        explain: what the message should say, for the learner (default: the pattern)."""
         input_digest = digest(args, kwargs, inputs)
         recorder, result, error, canaries = self._run(fn, args, kwargs)
         output = ({"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
@@ -226,6 +231,6 @@ class Test:
         if not isinstance(error, expected):
             raise error
         if match and not re.search(match, str(error)):
-            raise AssertionError(f"{name} raised {expected.__name__}({str(error)!r}); the message "
-                                 f"should match {match!r}")
+            raise AssertionError(f"{name} raised {expected.__name__}({str(error)!r}); "
+                                 + (explain or f"the message should match {match!r}"))
         return error
