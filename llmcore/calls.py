@@ -212,6 +212,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __post_init__(self):
         super().__init__()
+        _warm_up()
 
     def refuse(self, what: str) -> NotAllowedError:
         error = self.policy.refusal(what)
@@ -247,7 +248,7 @@ class OpRecorder(TorchDispatchMode):
 
 
 _NUMPY_API = ("numpy", "numpy.linalg", "numpy.fft", "numpy.emath", "numpy.polynomial",
-              "numpy.matlib", "numpy.lib.stride_tricks")
+              "numpy.lib.stride_tricks")
 
 
 def _numpy_callables() -> list[tuple[object, str, object]]:
@@ -288,6 +289,20 @@ def _llmcore_functions(words: Sequence[str]) -> list[tuple[object, str, object]]
 
 _CONVERSIONS = (("torch", "from_numpy"), ("torch", "as_tensor"), ("torch", "asarray"),
                 ("torch", "tensor"), ("torch", "frombuffer"), ("torch", "from_dlpack"))
+
+
+_warm = False
+
+
+def _warm_up() -> None:
+    """Dispatch ops through a mode, once per process, before any recorder is entered: the first
+    dispatch imports torch._dynamo, whose import runs NumPy functions, which must not meet the
+    refusing stand-ins (nor count as the learner's)."""
+    global _warm
+    if not _warm:
+        _warm = True
+        with OpRecorder():
+            torch.ones(2).softmax(-1) @ torch.ones(2)
 
 
 @contextlib.contextmanager
