@@ -204,6 +204,75 @@ def _compare_output(want: dict, have: dict, where: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
+# The learner's code, screened: what only tampering needs
+# ------------------------------------------------------------------------------------------------
+
+REFUSED_NAMES = frozenset({
+    "exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals", "locals",
+    "vars", "get_ipython", "builtins", "__builtins__", "importlib", "sys", "inspect", "ctypes",
+    "gc", "types", "marshal", "IPython", "display", "exercise", "OpRecorder",
+    "TorchDispatchMode", "_python_dispatch", "TorchFunctionMode", "subprocess",
+    "threading", "multiprocessing", "signal", "atexit", "open",
+})
+"""Names the exercises' answers never need and tampering does: reflection, the interpreter's and
+IPython's internals, the checking harness, torch's dispatcher, raw op access, files."""
+
+ALLOWED_DUNDERS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__call__",
+                             "__getitem__", "__iter__", "__name__", "__doc__"})
+
+
+def screen_source(sources: list[str]) -> list[str]:
+    """What in the learner's own cells only tampering needs: refused names, dunder attributes,
+    IPython magics or shell commands, assignments into an imported module (``torch.allclose =
+    ...``). Each finding is a short phrase; [] for plain code."""
+    import ast
+    findings: list[str] = []
+    modules = {"torch", "np", "numpy", "llmcore", "F", "math", "nn"}
+    trees = []
+    for source in sources:
+        if any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()):
+            findings.append("an IPython magic or shell command")
+        try:
+            trees.append(ast.parse(source))
+        except SyntaxError:
+            continue
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    modules.add((alias.asname or alias.name).split(".")[0])
+                    for part in [*(getattr(node, "module", None) or "").split("."), *alias.name.split(".")]:
+                        if part in REFUSED_NAMES:
+                            findings.append(f"import of {part}")
+    for tree in trees:
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else \
+                node.attr if isinstance(node, ast.Attribute) else None
+            if name in REFUSED_NAMES:
+                findings.append(f"`{name}`")
+            elif name and name.startswith("__") and name.endswith("__") \
+                    and name not in ALLOWED_DUNDERS:
+                findings.append(f"`{name}`")
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
+                    else [node.target]
+                for target in targets:
+                    root = target
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if root is not target and isinstance(root, ast.Name) and root.id in modules:
+                        findings.append(f"an assignment into the module {root.id}")
+    return list(dict.fromkeys(findings))
+
+
+def _learner_sources(nb) -> list[str]:
+    """The source of every cell the learner may edit (answers and cells they added)."""
+    from nbgrader import utils
+    return [c.source for c in nb.cells if c.cell_type == "code"
+            and not utils.is_locked(c) and not (utils.is_grade(c) and not utils.is_solution(c))]
+
+
+# ------------------------------------------------------------------------------------------------
 # The instructor's records: the solution notebook run once in a fresh kernel
 # ------------------------------------------------------------------------------------------------
 
@@ -259,11 +328,16 @@ def judge_notebook(nb, expected: dict[str, list[dict]]) -> dict[str, Verdict]:
     output (TamperingDetected or VerdictFailed) and every judged cell ``metadata.verdict``."""
     from nbformat.v4 import new_output
     verdicts = {}
+    findings = screen_source(_learner_sources(nb))
     for cell in _grade_cells(nb):
         grade_id = cell.metadata.nbgrader.get("grade_id")
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
+        if findings:
+            verdict = Verdict(False, True, "tampering detected: your code uses "
+                              + ", ".join(findings[:5]) + ", which the graded exercises do not "
+                              "allow (it can change the checks)")
         if verdict.passed and _kernel_error(cell):
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:
