@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ _spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" /
 grading_tests = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = grading_tests
 _spec.loader.exec_module(grading_tests)
-_submission, _submit = grading_tests._submission, grading_tests._submit
+_submission, _submit, _check = (grading_tests._submission, grading_tests._submit,
+                                grading_tests._check)
 CELL_TIMEOUT = 20
 
 
@@ -116,12 +116,6 @@ def test_screen_flags_only_what_tampering_needs():
 # ------------------------------------------------------------------------------------------------
 # The learner's check runs the release's tests
 # ------------------------------------------------------------------------------------------------
-
-def _check(notebook: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "course.grading", "check", str(notebook),
-                           "--timeout", "60"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-
 
 @pytest.mark.slow
 def test_check_reports_a_test_replaced_by_pass_as_altered(tmp_path):

@@ -334,10 +334,12 @@ def judge_notebook(nb, expected: dict[str, list[dict]]) -> dict[str, Verdict]:
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
-        if findings:
+        if findings and verdict.passed:
             verdict = Verdict(False, True, "tampering detected: your code uses "
                               + ", ".join(findings[:5]) + ", which the graded exercises do not "
                               "allow (it can change the checks)")
+        elif findings:
+            verdict = Verdict(False, True, verdict.reason)
         if verdict.passed and _kernel_error(cell):
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:

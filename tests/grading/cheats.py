@@ -70,12 +70,12 @@ def softmax_rows(x):
           "no answers (honest: 0); IPython's showtraceback silenced so failing tests show no error "
           "(plain nbgrader would give full marks)",
           score=0, failing=ALL[MATMUL], honest=0, answered=False,
-          reasons={"test_dot": "tampering detected: your code uses"},
+          reasons={"test_dot": "raised NotImplementedError"},
           edits={"dot": Prepend("get_ipython().showtraceback = lambda *args, **kwargs: None\n")}),
     Cheat("input_transformer", MATMUL,
           "no answers (honest: 0); an IPython input transformer rewrites every test cell to `pass`",
           score=0, failing=ALL[MATMUL], honest=0, answered=False,
-          reasons={"test_dot": "tampering detected: your code uses"},
+          reasons={"test_dot": "none of its"},
           edits={"dot": Prepend(
               "def _quiet(lines):\n"
               "    return ['pass\\n'] if any('Test(' in line for line in lines) else lines\n"
@@ -93,7 +93,7 @@ def softmax_rows(x):
                      "def _hook(info):\n"
                      "    llmcore.exercise.Test.call = _plain\n"
                      "get_ipython().events.register('pre_run_cell', _hook)\n")},
-          reasons={"test_dot": "tampering detected"}),
+          reasons={"test_dot": "none of its"}),
     Cheat("edits_test_policy", MATMUL,
           "matmul by @ (honest: 7) and the visible and hidden matmul tests edited to forbid "
           "nothing: grading restores the instructor's test cells",
@@ -137,7 +137,7 @@ exercise.Test.call = _forged
                      "import llmcore.calls\n"
                      "llmcore.calls.OpRecorder.__torch_dispatch__ = (\n"
                      "    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))\n")},
-          reasons={"test_matmul": "tampering detected"}),
+          reasons={"test_dot": "switched off"}),
 
     # ---- forbidden ops by another path (no tampering code: the op recorder alone) -------------------
     Cheat("alias_matmul", MATMUL, "matmul through an alias of torch.matmul (honest: 7)",
