@@ -246,6 +246,8 @@ def _submission(assignment: str, *, answered: bool, edits: dict | None = None):
             cell.source = edit.text.strip("\n")
         elif isinstance(edit, mutants.Prepend):
             cell.source = edit.text + cell.source
+        elif edit is not None:
+            raise TypeError(f"{grade_id}: unknown edit {edit!r} (edits come from {mutants.__name__})")
         cells.append(cell)
     missing = set(edits or {}) - {_nbgrader(c).get("grade_id") for c in nb.cells}
     assert not missing, f"edits of cells that {assignment} does not have: {missing}"

@@ -20,14 +20,15 @@ from course.grading.verdicts import Verdict, judge, screen_source
 from llmcore.calls import PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "grading"))
-import cheats  # noqa: E402
-import mutants  # noqa: E402
-
 _spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" / "test_grading.py")
 grading_tests = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = grading_tests
 _spec.loader.exec_module(grading_tests)
+mutants = grading_tests.mutants                 # one module object: _submission checks edit types
+sys.modules["mutants"] = mutants
+sys.path.insert(0, str(ROOT / "tests" / "grading"))
+import cheats  # noqa: E402
+
 _submission, _submit, _check = (grading_tests._submission, grading_tests._submit,
                                 grading_tests._check)
 CELL_TIMEOUT = 20
