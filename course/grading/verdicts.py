@@ -282,12 +282,26 @@ def _grade_cells(nb):
             and not utils.is_solution(c)]
 
 
+def _cache_key(source: Path) -> str:
+    """What the solution's records depend on: the notebook, llmcore's code (models, inputs,
+    the harness) and the torch and NumPy versions."""
+    import importlib.metadata
+    import importlib.util
+    h = hashlib.sha256(source.read_bytes())
+    spec = importlib.util.find_spec("llmcore")           # found, not imported (no torch here)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(Path(folder).rglob("*.py")):
+            h.update(path.read_bytes())
+    h.update(f"{importlib.metadata.version('torch')} {np.__version__}".encode())
+    return h.hexdigest()[:16]
+
+
 def expected_records(source: Path, config, cache_dir: Path | None) -> dict[str, list[dict]]:
-    """grade_id -> the records of the solution notebook's test cell (cached by its SHA-256).
+    """grade_id -> the records of the solution notebook's test cell (cached by the notebook,
+    llmcore's code and the library versions).
 
     Raises RuntimeError when a test cell of the solution fails or makes no record."""
-    data = source.read_bytes()
-    key = hashlib.sha256(data).hexdigest()[:16]
+    key = _cache_key(source)
     cached = cache_dir / f"{source.stem}-{key}.json" if cache_dir else None
     if cached is not None and cached.is_file():
         stored = json.loads(cached.read_text())
