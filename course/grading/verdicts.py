@@ -377,8 +377,9 @@ def verdicts_preprocessor() -> type:
         """Judge every test cell's records against the solution notebook's (after Execute)."""
 
         cache_dir = Unicode(
-            "", help="Folder for the solution notebooks' records (cached by SHA-256); default: "
-                     ".verdicts/ in the course root").tag(config=True)
+            "", help="Folder for the solution notebooks' records (cached by content); default: "
+                     "$COURSE_VERDICTS_CACHE, else .verdicts/ in the course root (parallel "
+                     "workers in scratch courses share one by setting either)").tag(config=True)
 
         def preprocess(self, nb, resources):
             info = resources.get("nbgrader", {})
@@ -388,8 +389,8 @@ def verdicts_preprocessor() -> type:
             source = folder / f"{info['notebook']}.ipynb"
             if not source.is_file():
                 raise RuntimeError(f"verdicts: no solution notebook {source} to judge against")
-            cache = Path(self.cache_dir) if self.cache_dir else \
-                Path(coursedir.root) / ".verdicts"
+            cache = Path(self.cache_dir or os.environ.get("COURSE_VERDICTS_CACHE")
+                         or Path(coursedir.root) / ".verdicts")
             expected = expected_records(source, self.config, cache / info["assignment"])
             verdicts = judge_notebook(nb, expected)
             resources.setdefault("verdicts", {}).update(
