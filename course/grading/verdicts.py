@@ -358,8 +358,10 @@ def judge_notebook(nb, expected: dict[str, list[dict]]) -> dict[str, Verdict]:
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:
             name = "TamperingDetected" if verdict.tampering else "VerdictFailed"
-            cell.outputs.append(new_output("error", ename=name, evalue=verdict.reason,
-                                           traceback=[f"{name}: {verdict.reason}"]))
+            # first: nbgrader scores a cell by its first error or execute_result output, and an
+            # execute_result before an appended error would earn (partial) credit
+            cell.outputs.insert(0, new_output("error", ename=name, evalue=verdict.reason,
+                                              traceback=[f"{name}: {verdict.reason}"]))
         cell.metadata["verdict"] = asdict(verdict)
         verdicts[grade_id] = verdict
     return verdicts

@@ -46,12 +46,12 @@ CHEATS = [
     # ---- patching the checks -------------------------------------------------------------------
     Cheat("patches_asserts", ATTENTION,
           "softmax without the max shift (honest: 7 points), plus assert_close, np.testing, "
-          "torch.allclose and builtins.isinstance patched to always pass",
+          "numpy.isclose and torch.allclose patched to always pass",
           score=0, failing=ALL[ATTENTION], honest=7,
           reasons={"test_softmax_large_hidden": "differ",
                    "test_softmax": "tampering detected: your code uses"},
           edits={"softmax_rows": Source('''
-import builtins
+import numpy
 import numpy.testing
 import torch.testing
 import llmcore.testing
@@ -59,13 +59,18 @@ import llmcore.testing
 llmcore.testing.assert_close = lambda *args, **kwargs: None
 torch.testing.assert_close = lambda *args, **kwargs: None
 numpy.testing.assert_allclose = lambda *args, **kwargs: None
+numpy.isclose = lambda a, b, **kwargs: numpy.ones(numpy.shape(a), dtype=bool)
 torch.allclose = lambda *args, **kwargs: True
-builtins.isinstance = lambda *args: True
 
 def softmax_rows(x):
     exps = torch.exp(x)
     return exps / exps.sum(dim=-1, keepdim=True)
 ''')}),
+    Cheat("patches_isinstance", MATMUL,
+          "no answers (honest: 0); builtins.isinstance patched to always say yes (the kernel's own "
+          "machinery breaks: the notebook cannot be run to the end, graded 0)",
+          score=0, failing=ALL[MATMUL], honest=0, answered=False, stops_grader=True,
+          edits={"dot": Prepend("import builtins\nbuiltins.isinstance = lambda *args: True\n")}),
     Cheat("swallows_errors", MATMUL,
           "no answers (honest: 0); IPython's showtraceback silenced so failing tests show no error "
           "(plain nbgrader would give full marks)",
