@@ -137,12 +137,17 @@ def test_check_reports_a_test_replaced_by_pass_as_altered(tmp_path):
 @pytest.mark.slow
 def test_check_fails_a_test_that_published_no_record(tmp_path):
     nb = _submission(mutants.MATMUL, answered=True,
-                     edits={"dot": mutants.Prepend(cheats.CHEATS[2].edits["dot"].text)})
+                     edits={"dot": _cheat("input_transformer").edits["dot"]})
     copy = tmp_path / "matmul.ipynb"
     nbformat.write(nb, str(copy))
     done = _check(copy)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL    test_dot: 0 of 1 point" in done.stdout and "none of its records" in done.stdout
+    assert "every test would score 0" in done.stdout and "`get_ipython`" in done.stdout
+
+
+def _cheat(student: str) -> cheats.Cheat:
+    return next(c for c in cheats.CHEATS if c.student == student)
 
 
 # ------------------------------------------------------------------------------------------------

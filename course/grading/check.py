@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .limits import bounded_execute
 from .nbgrader_app import _last_error_line, _prepare_environment, course_config, find_config
-from .verdicts import records_of
+from .verdicts import _learner_sources, records_of, screen_source
 
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 
@@ -204,6 +204,10 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
             if message:
                 first = (cell.source.strip().splitlines() or ["(empty)"])[0][:60]
                 errors.append(f"cell {index} ({first}): {message}")
+    findings = screen_source(_learner_sources(checker.executed))
+    if findings:
+        errors.append("your code uses " + ", ".join(findings[:5]) + ": the grader counts that as "
+                      "tampering with the checks, and every test would score 0")
     return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release)
 
 
