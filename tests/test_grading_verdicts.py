@@ -112,6 +112,9 @@ def test_screen_flags_only_what_tampering_needs():
     assert "`get_ipython`" in screen_source(["get_ipython().events.register('x', print)"])
     assert "import of exercise" in screen_source(["from llmcore import exercise"])
     assert screen_source(["%load_ext x"]) == ["an IPython magic or shell command"]
+    assert "a library's private part (`torch..._C`)" in \
+        screen_source(["m = torch._C._pop_torch_dispatch_mode()"])
+    assert screen_source(["class A:\n    def f(self):\n        return self._cache"]) == []
 
 
 # ------------------------------------------------------------------------------------------------

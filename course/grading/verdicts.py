@@ -223,8 +223,9 @@ ALLOWED_DUNDERS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__ca
 
 def screen_source(sources: list[str]) -> list[str]:
     """What in the learner's own cells only tampering needs: refused names, dunder attributes,
-    IPython magics or shell commands, assignments into an imported module (``torch.allclose =
-    ...``). Each finding is a short phrase; [] for plain code."""
+    a library's private parts (``torch._C``), IPython magics or shell commands, assignments into
+    an imported module (``torch.allclose = ...``). Each finding is a short phrase; [] for plain
+    code."""
     import ast
     findings: list[str] = []
     modules = {"torch", "np", "numpy", "llmcore", "F", "math", "nn"}
@@ -253,6 +254,13 @@ def screen_source(sources: list[str]) -> list[str]:
             elif name and name.startswith("__") and name.endswith("__") \
                     and name not in ALLOWED_DUNDERS:
                 findings.append(f"`{name}`")
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and node.attr not in ALLOWED_DUNDERS:
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in modules:
+                    findings.append(f"a library's private part (`{root.id}...{node.attr}`)")
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
                     else [node.target]
