@@ -209,6 +209,7 @@ class OpRecorder(TorchDispatchMode):
     flops: int = 0
     calls: list = field(default_factory=list)
     violations: list = field(default_factory=list)
+    produced: set = field(default_factory=set)      # storage pointers of every op's results
 
     def __post_init__(self):
         super().__init__()
@@ -244,7 +245,11 @@ class OpRecorder(TorchDispatchMode):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
                                         tuple(_storage_pointer(t) for t in tensors), rows))
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+            if isinstance(t, torch.Tensor):
+                self.produced.add(_storage_pointer(t))
+        return result
 
 
 _NUMPY_API = ("numpy", "numpy.linalg", "numpy.fft", "numpy.emath", "numpy.polynomial",

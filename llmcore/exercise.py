@@ -102,6 +102,27 @@ _CANARY_OPS = {
 """A known call of each op a policy may forbid: the forbid canary commits it."""
 
 
+def _tensors_in(value, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in a value: nested lists, tuples and dicts, a module's parameters and buffers."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, torch.nn.Module):
+        return [*value.parameters(), *value.buffers()]
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v, depth + 1)]
+    if depth < 4 and isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v, depth + 1)]
+    return []
+
+
+def _unseen(result, recorder: OpRecorder, given) -> bool:
+    """Whether a returned tensor was neither given to the call nor made by an op the recorder saw
+    (made before the call, or computed with the recorder switched off)."""
+    known = recorder.produced | {t.untyped_storage().data_ptr() for t in _tensors_in(given)}
+    return any(t.numel() and t.device.type != "meta"
+               and t.untyped_storage().data_ptr() not in known for t in _tensors_in(result))
+
+
 def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
     """Known violations committed after the learner's function returned, under the same recorder
     and stand-ins: each must still be seen (True) or the learner's code switched a check off."""
@@ -156,7 +177,7 @@ class Test:
         self.cases: list[str] = []
         self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
 
-    def _run(self, fn: Callable, args, kwargs):
+    def _run(self, fn: Callable, args, kwargs, inputs=()):
         recorder = OpRecorder(self.policy)
         error = None
         result = None
@@ -166,6 +187,10 @@ class Test:
                     result = fn(*args, **kwargs)
                 except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
                     error = raised
+                if error is None and _unseen(result, recorder, (args, kwargs, inputs)):
+                    recorder.violations.append(
+                        "the result was not computed by operations the test could see (a tensor "
+                        "made before the call, or computed with the op recorder switched off)")
                 canaries = _canaries(recorder, stand_ins)
         self.last = recorder
         return recorder, result, error, canaries
@@ -198,7 +223,7 @@ class Test:
         options.setdefault("rtol", 1e-5)
         options.setdefault("atol", 1e-6)
         input_digest = digest(args, kwargs, inputs)
-        recorder, result, error, canaries = self._run(fn, args, kwargs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
         if error is not None:
             output = {"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
         else:
@@ -217,7 +242,7 @@ class Test:
         record; return the exception (AssertionError in the kernel when it did not come).
         explain: what the message should say, for the learner (default: the pattern)."""
         input_digest = digest(args, kwargs, inputs)
-        recorder, result, error, canaries = self._run(fn, args, kwargs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
         output = ({"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
                   if error is not None else {"returned": encode(result)})
         options = {"expect": expected.__name__, "match": match}
