@@ -292,8 +292,8 @@ def _llmcore_functions(words: Sequence[str]) -> list[tuple[object, str, object]]
     return found
 
 
-_CONVERSIONS = (("torch", "from_numpy"), ("torch", "as_tensor"), ("torch", "asarray"),
-                ("torch", "tensor"), ("torch", "frombuffer"), ("torch", "from_dlpack"))
+_CONVERSIONS = ("from_numpy", "as_tensor", "asarray", "tensor", "frombuffer", "from_dlpack")
+"""torch's functions that make a tensor from an array (refused for arrays when NumPy is)."""
 
 
 _warm = False
@@ -325,7 +325,6 @@ def blocked(recorder: OpRecorder) -> Iterator[dict]:
         def refusing(*args, **kwargs):
             raise recorder.refuse(what)
         refusing.__name__ = getattr(original, "__name__", "refused")
-        refusing.__wrapped_original__ = original
         return refusing
 
     def convert_checked(what: str, original):
@@ -336,7 +335,6 @@ def blocked(recorder: OpRecorder) -> Iterator[dict]:
                 raise recorder.refuse(what)
             return original(data, *args, **kwargs)
         converting.__name__ = original.__name__
-        converting.__wrapped_original__ = original
         return converting
 
     found = _llmcore_functions(policy.words) if policy.words else []
@@ -347,7 +345,7 @@ def blocked(recorder: OpRecorder) -> Iterator[dict]:
             if id(value) not in originals:
                 originals[id(value)] = (stand_in(f"numpy's {attr}", value), attr)
             found.append((module, attr, value))
-        for module_name, attr in _CONVERSIONS:
+        for attr in _CONVERSIONS:
             value = getattr(torch, attr, None)
             if value is not None:
                 originals[id(value)] = (convert_checked(f"torch.{attr} of an array", value), attr)
