@@ -173,8 +173,9 @@ def graded(tmp_path_factory):
         _submit(course, cheat.student, cheat.assignment,
                 _submission(cheat.assignment, answered=cheat.answered, edits=cheat.edits))
     start = time.perf_counter()
-    rows = grading.grade(course, gradebook=course / "gradebook.db", timeout=CELL_TIMEOUT,
-                         log=lambda message: print(message, flush=True))
+    run = grading.grade(course, gradebook=course / "gradebook.db", timeout=CELL_TIMEOUT,
+                        log=lambda message: print(message, flush=True))
+    rows = run.rows
     seconds = time.perf_counter() - start
     count = len(HONEST) * len(ASSIGNMENTS) + len(cheats.CHEATS)
     print(f"graded {count} notebooks in {seconds:.0f} s ({seconds / count:.1f} s each)")
