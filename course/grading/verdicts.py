@@ -208,17 +208,22 @@ def _compare_output(want: dict, have: dict, where: str) -> str:
 # ------------------------------------------------------------------------------------------------
 
 REFUSED_NAMES = frozenset({
-    "exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals", "locals",
-    "vars", "get_ipython", "builtins", "__builtins__", "importlib", "sys", "inspect", "ctypes",
-    "gc", "types", "marshal", "IPython", "display", "exercise", "OpRecorder",
-    "TorchDispatchMode", "_python_dispatch", "TorchFunctionMode", "subprocess",
-    "threading", "multiprocessing", "signal", "atexit", "open",
+    "exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
+    "get_ipython", "builtins", "__builtins__", "importlib", "inspect", "ctypes", "gc", "types",
+    "marshal", "IPython", "display", "exercise", "OpRecorder", "TorchDispatchMode",
+    "_python_dispatch", "TorchFunctionMode",
 })
-"""Names the exercises' answers never need and tampering does: reflection, the interpreter's and
-IPython's internals, the checking harness, torch's dispatcher, raw op access, files."""
+"""Names the exercises' answers never need and tampering with the checks does: reflection,
+the interpreter's and IPython's internals, the checking harness, torch's dispatcher. (Files,
+processes and signals are the sandbox's business, not the screen's.)"""
+
+REFUSED_STRINGS = ("exercise", "llmcore.calls", "vnd.llmcore", "_python_dispatch", "get_ipython")
+"""Text that reaches the harness by name through a string (``sys.modules["llmcore.exercise"]``)."""
 
 ALLOWED_DUNDERS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__call__",
-                             "__getitem__", "__iter__", "__name__", "__doc__"})
+                             "__getitem__", "__iter__", "__name__", "__doc__", "__file__",
+                             "__import__"})
+PRIVATE_ALLOWED_MODULES = frozenset({"os"})      # os._exit is how a process ends, not tampering
 
 
 def screen_source(sources: list[str]) -> list[str]:
@@ -254,12 +259,16 @@ def screen_source(sources: list[str]) -> list[str]:
             elif name and name.startswith("__") and name.endswith("__") \
                     and name not in ALLOWED_DUNDERS:
                 findings.append(f"`{name}`")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and any(text in node.value for text in REFUSED_STRINGS):
+                findings.append(f"the string {node.value[:40]!r}")
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
                     and node.attr not in ALLOWED_DUNDERS:
                 root = node.value
                 while isinstance(root, ast.Attribute):
                     root = root.value
-                if isinstance(root, ast.Name) and root.id in modules:
+                if isinstance(root, ast.Name) and root.id in modules \
+                        and root.id not in PRIVATE_ALLOWED_MODULES:
                     findings.append(f"a library's private part (`{root.id}...{node.attr}`)")
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
@@ -270,6 +279,9 @@ def screen_source(sources: list[str]) -> list[str]:
                         root = root.value
                     if root is not target and isinstance(root, ast.Name) and root.id in modules:
                         findings.append(f"an assignment into the module {root.id}")
+                    elif root is not target and isinstance(root, ast.Call) \
+                            and getattr(root.func, "id", None) == "__import__":
+                        findings.append("an assignment into a module from __import__")
     return list(dict.fromkeys(findings))
 
 
