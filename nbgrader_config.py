@@ -54,6 +54,10 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
+    # the trusted verdicts (course/grading/VERDICTS.md): every test cell judged outside the
+    # learner's kernel against the solution's records (the same list as course-grade's,
+    # course.grading.nbgrader_app.autograde_preprocessors)
+    "course.grading.verdicts.Verdicts",
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",

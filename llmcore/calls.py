@@ -1,64 +1,119 @@
-"""Which library calls a computation makes: forbid some, record all.
+"""Which operations a computation reaches: record every aten op, refuse the forbidden ones.
 
 The exercises ask learners to compute something themselves (a matrix product by loops, a softmax,
-attention); their test cells use :func:`forbid` so that calling the library's own implementation
-fails with a message that says what to use instead, and :func:`watch_torch_calls` to see which
-torch operations a function ran (one matrix product for all tokens, not one per token).
-Chapters 2-4 and 7 and their exercises.
+attention). Whatever Python path a computation takes (``@``, ``torch.matmul``, an alias,
+``torch.ops.aten.mm``, ``torch.linalg``, ``einsum``, a method), it ends in aten operations, and a
+:class:`~torch.utils._python_dispatch.TorchDispatchMode` sees every one of them. :class:`OpRecorder`
+counts them (and the matrix products' rows and FLOPs), and refuses those a :class:`Policy` names,
+as well as llmcore's own implementations (seen on the Python stack), NumPy (every NumPy function,
+and the conversions between tensors and arrays) and any Python callable named. :func:`forbid` and
+:func:`watch_torch_calls` are the learner-facing forms; ``llmcore.exercise.Test`` uses the recorder
+to publish what a test's call reached, for the grader to judge outside the kernel
+(course/grading/VERDICTS.md). Chapters 2-4 and 7 and their exercises.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
+import os
 import sys
-from dataclasses import dataclass
+import types
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-PRODUCTS = (
-    "torch.matmul", "torch.mm", "torch.bmm", "torch.mv", "torch.dot", "torch.vdot", "torch.inner",
-    "torch.einsum", "torch.tensordot", "torch.addmm", "torch.addmv", "torch.addbmm",
-    "torch.baddbmm", "torch.linear", "torch.bilinear", "torch.chain_matmul", "torch.multi_dot",
-    "torch.vecdot", "torch.__matmul__", "torch.__rmatmul__", "torch.__imatmul__",
-    "numpy.dot", "numpy.matmul", "numpy.inner", "numpy.vdot", "numpy.einsum", "numpy.tensordot",
-    "numpy.linalg.multi_dot",
-    "llmcore.dot", "llmcore.matmul", "llmcore.linear",
-)
-"""Every way to have a library multiply vectors or matrices for you: torch's products (``@``
-included), NumPy's, and llmcore's own dot/matmul/linear functions. For exercises that ask for
-the product written out as loops."""
+PRODUCT_OPS = frozenset({
+    "mm", "bmm", "addmm", "addbmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addr", "_int_mm",
+    "_scaled_mm", "convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_efficient_attention_forward", "_flash_attention_forward", "_fused_sdp_choice",
+    "_native_multi_head_attention", "_addmm_activation",
+})
+"""Every aten op that multiplies matrices or vectors: what ``@``, matmul, einsum, tensordot,
+F.linear, torch.linalg.matmul/vecdot/multi_dot and the fused attention kernels end in."""
 
-SOFTMAXES = (
-    "torch.softmax", "torch.log_softmax", "torch._softmax", "torch._log_softmax",
-    "torch.special_softmax", "torch.special_log_softmax", "torch.gumbel_softmax",
-    "llmcore.softmax",
-)
+FUSED_ATTENTION_OPS = frozenset({
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_efficient_attention_forward", "_flash_attention_forward", "_native_multi_head_attention",
+    "_safe_softmax", "_scaled_dot_product_attention_math",
+})
+
+PRODUCTS = (*(f"aten.{op}" for op in sorted(PRODUCT_OPS)),
+            "llmcore.dot", "llmcore.matmul", "llmcore.linear", "numpy")
+"""Every way to have a library multiply vectors or matrices for you: every aten product op
+(``@``, torch.matmul, torch.ops.aten.mm, einsum, torch.linalg, F.linear all reach one), llmcore's
+dot/matmul/linear functions, and NumPy. For exercises that ask for the product written as loops."""
+
+SOFTMAXES = ("aten._softmax", "aten._log_softmax", "aten._safe_softmax", "aten.softmax",
+             "aten.log_softmax", "llmcore.softmax", "numpy")
 """torch's softmax in all its spellings (torch.softmax, F.softmax, Tensor.softmax, nn.Softmax,
-log-softmax) and every llmcore function with softmax in its name."""
+log-softmax, the one inside fused attention), every llmcore function with softmax in its name
+(the NumPy reference included), and NumPy."""
 
-ATTENTIONS = (
-    "torch.scaled_dot_product_attention", "torch.multi_head_attention_forward",
-    "llmcore.attention",
-)
-"""torch's fused attention, nn.MultiheadAttention, and every llmcore function with attention in
-its name (attention, attention_loop, multihead_attention, ...)."""
+ATTENTIONS = (*(f"aten.{op}" for op in sorted(FUSED_ATTENTION_OPS)), "llmcore.attention",
+              "numpy")
+"""torch's fused attention (F.scaled_dot_product_attention, nn.MultiheadAttention's fast path),
+every llmcore function with attention in its name, and NumPy."""
 
-_PRODUCT_OPS = frozenset(name.split(".", 1)[1] for name in PRODUCTS if name.startswith("torch."))
-
-_EXEMPT_MODULES = ("llmcore.calls", "llmcore.testing")
+_EXEMPT_MODULES = ("llmcore.calls", "llmcore.testing", "llmcore.exercise")
 """llmcore modules whose functions a test may always call (they compare, they compute nothing)."""
+
+_LLMCORE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class NotAllowedError(AssertionError):
-    """A function under test called a library's own implementation of what it should compute."""
+    """A function under test reached a library's own implementation of what it should compute."""
 
 
-def _torch_op_name(func) -> str:
-    return getattr(func, "__name__", "") or ""
+@dataclass(frozen=True)
+class Policy:
+    """What a call may not reach.
+
+    ops: aten op names (``"mm"``); words: llmcore function-name words (``"softmax"``); numpy:
+    refuse NumPy and the conversions between tensors and arrays; codes: code objects of Python
+    callables (``Attention.forward``); hint: a sentence added to each refusal.
+    """
+
+    ops: frozenset[str] = frozenset()
+    words: tuple[str, ...] = ()
+    numpy: bool = False
+    codes: frozenset = frozenset()
+    callables: tuple[str, ...] = ()
+    hint: str = ""
+
+    @classmethod
+    def of(cls, targets: Sequence, hint: str = "") -> "Policy":
+        """Parse ``forbid`` targets: ``"aten.NAME"``, ``"llmcore.WORD"``, ``"numpy"``, callables."""
+        names = [t for t in targets if isinstance(t, str)]
+        unknown = [t for t in names if not (t.startswith(("aten.", "llmcore.")) or t == "numpy")]
+        if unknown:
+            raise ValueError(f"forbid: targets must be 'aten.OP', 'llmcore.WORD', 'numpy' or "
+                             f"callables, got {unknown}")
+        callables = [t for t in targets if not isinstance(t, str)]
+        codes = [getattr(c, "__code__", None) for c in callables]
+        if None in codes:
+            raise ValueError(f"forbid: {callables[codes.index(None)]!r} is not a Python function")
+        return cls(ops=frozenset(t.split(".", 1)[1] for t in names if t.startswith("aten.")),
+                   words=tuple(t.split(".", 1)[1] for t in names if t.startswith("llmcore.")),
+                   numpy="numpy" in names, codes=frozenset(codes),
+                   callables=tuple(f"{c.__module__}.{c.__qualname__}" for c in callables),
+                   hint=hint)
+
+    def describe(self) -> dict:
+        """The policy as JSON-ready data (what a record states)."""
+        return {"ops": sorted(f"aten.{op}" for op in self.ops), "llmcore": list(self.words),
+                "numpy": self.numpy, "callables": list(self.callables)}
+
+    def refusal(self, what: str) -> NotAllowedError:
+        hint = f" {self.hint}" if self.hint else ""
+        return NotAllowedError(f"{what} was used, but this exercise asks you to compute it "
+                               f"yourself; the library's own version is not allowed here.{hint}")
 
 
 def _is_library_name(module: str, name: str, words: Sequence[str]) -> bool:
@@ -68,116 +123,19 @@ def _is_library_name(module: str, name: str, words: Sequence[str]) -> bool:
             and not name.startswith(("_", "check")) and any(word in name for word in words))
 
 
-def _is_library_function(obj, words: Sequence[str]) -> bool:
-    return inspect.isfunction(obj) and _is_library_name(getattr(obj, "__module__", None) or "",
-                                              getattr(obj, "__name__", "") or "", words)
-
-
-def _is_library_code(code, module_globals: dict, words: Sequence[str]) -> bool:
-    return _is_library_name(module_globals.get("__name__", "") or "", code.co_name, words)
-
-
-def _resolve(dotted: str):
-    """'numpy.linalg.multi_dot' -> (module object, attribute name), or None if absent."""
-    module_name, _, attr = dotted.rpartition(".")
-    module = sys.modules.get(module_name)
-    if module is None:
-        with contextlib.suppress(ImportError):
-            module = __import__(module_name, fromlist=["_"])
-    if module is None or not hasattr(module, attr):
-        return None
-    return module, attr
-
-
-@contextlib.contextmanager
-def forbid(*targets: str | Callable, hint: str = "") -> Iterator[None]:
-    """Inside the block, calling any target raises :class:`NotAllowedError` with a clear message.
-
-    targets:
-      ``"torch.NAME"``    every torch function or Tensor method called NAME, however it is
-                          reached (``torch.softmax``, ``F.softmax``, ``x.softmax``, ``nn.Softmax``;
-                          ``"torch.matmul"`` also covers ``a @ b``);
-      ``"llmcore.WORD"``  every llmcore function whose name contains WORD, called directly or
-                          through any other function;
-      ``"numpy.NAME"``    that NumPy function;
-      a callable          that very function or method (for example ``Attention.forward``).
-    hint: a sentence added to the message, saying what to use instead.
-
-    Used by the exercises' test cells:
-    ``with forbid(*SOFTMAXES, hint="Use torch.exp, amax and sum."): got = softmax_rows(x)``.
-    """
-    names = [t for t in targets if isinstance(t, str)]
-    unknown = [t for t in names if not t.startswith(("torch.", "llmcore.", "numpy."))]
-    if unknown:
-        raise ValueError(f"forbid: targets must start with 'torch.', 'llmcore.' or 'numpy.' (or be "
-                         f"callables), got {unknown}")
-    torch_ops = {t.split(".", 1)[1] for t in names if t.startswith("torch.")}
-    words = tuple(t.split(".", 1)[1] for t in names if t.startswith("llmcore."))
-    numpy_names = [t for t in names if t.startswith("numpy.")]
-    callables = [t for t in targets if not isinstance(t, str)]
-    codes = {getattr(c, "__code__", None) for c in callables} - {None}
-    objects = {id(c): c for c in callables}
-    hint = f" {hint}" if hint else ""
-
-    def refuse(what: str) -> NotAllowedError:
-        return NotAllowedError(f"{what} was called, but this exercise asks you to compute it "
-                               f"yourself; the library's own version is not allowed here.{hint}")
-
-    def check_stack() -> None:
-        outermost, frame = None, sys._getframe(2)
-        while frame is not None:
-            code = frame.f_code
-            if code in codes or (words and _is_library_code(code, frame.f_globals, words)):
-                name = getattr(code, "co_qualname", code.co_name)      # Python 3.11+
-                outermost = f"{frame.f_globals.get('__name__')}.{name}"
-            frame = frame.f_back
-        if outermost is not None:
-            raise refuse(outermost)
-
-    class Refuse(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = _torch_op_name(func)
-            if name in torch_ops or id(func) in objects:
-                raise refuse(f"torch's {name}" if name in torch_ops else name)
-            if words or codes:
-                check_stack()
-            return func(*args, **(kwargs or {}))
-
-    # Functions that may run without any torch call (NumPy, the llmcore reference twins) are
-    # swapped for a refusing stand-in wherever a student could reach them by name.
-    def stand_in(what: str):
-        def refusing(*args, **kwargs):
-            raise refuse(what)
-        return refusing
-
-    patches: list[tuple[object, str, object]] = []
-    namespaces = [m for name, m in list(sys.modules.items()) if m is not None
-                  and (name == "llmcore" or name.startswith("llmcore."))
-                  and name not in _EXEMPT_MODULES]
-    main = sys.modules.get("__main__")
-    for dotted in numpy_names:
-        found = _resolve(dotted)
-        if found is not None:
-            module, attr = found
-            original = getattr(module, attr)
-            patches.append((module, attr, original))
-            objects[id(original)] = original
-    for namespace in [*namespaces, main]:
-        if namespace is None:
-            continue
-        for attr, value in list(vars(namespace).items()):
-            if id(value) in objects or (words and _is_library_function(value, words)):
-                patches.append((namespace, attr, value))
-    for owner, attr, original in patches:
-        what = (f"{getattr(original, '__module__', None) or 'numpy'}."
-                f"{getattr(original, '__name__', attr)}")
-        setattr(owner, attr, stand_in(what))
-    try:
-        with Refuse():
-            yield
-    finally:
-        for owner, attr, original in reversed(patches):
-            setattr(owner, attr, original)
+def _forbidden_frame(policy: Policy, frame) -> str | None:
+    """The outermost frame on the stack that runs forbidden code, as 'module.function'."""
+    outermost = None
+    while frame is not None:
+        code = frame.f_code
+        module = frame.f_globals.get("__name__", "") or ""
+        if code in policy.codes or (policy.words and (
+                _is_library_name(module, code.co_name, policy.words) or
+                (code.co_filename.startswith(_LLMCORE_DIR) and module not in _EXEMPT_MODULES
+                 and _is_library_name("llmcore.copy", code.co_name, policy.words)))):
+            outermost = f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
+        frame = frame.f_back
+    return outermost
 
 
 def _storage_pointer(t: torch.Tensor) -> int:
@@ -187,23 +145,47 @@ def _storage_pointer(t: torch.Tensor) -> int:
         return 0
 
 
+def _product_size(name: str, args) -> tuple[int, int]:
+    """(rows, FLOPs) of a product op: rows of its left operand, 2*M*N*K multiply-adds."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name in ("addmm", "addbmm", "baddbmm", "addmv", "addr", "_addmm_activation"):
+        tensors = tensors[1:]                           # the first argument is the added term
+    if len(tensors) < 2:
+        return 0, 0
+    a, b = tensors[0], tensors[1]
+    if a.dim() == 0 or b.dim() == 0:
+        return 0, 0
+    if name in ("dot", "vdot"):
+        return 1, 2 * a.shape[0]
+    if name == "addr":
+        return a.shape[0], 2 * a.shape[0] * b.shape[0]
+    rows = math.prod(a.shape[:-1]) if a.dim() > 1 else 1
+    columns = b.shape[-1] if b.dim() > 1 else 1
+    if name.startswith(("_scaled_dot_product", "_efficient_attention", "_flash_attention")):
+        columns = b.shape[-2]                           # q (.., n, d) against k (.., m, d)
+        return rows, 4 * rows * columns * a.shape[-1]   # q k^T and A v
+    return rows, 2 * rows * columns * a.shape[-1]
+
+
 @dataclass(frozen=True)
 class TorchCall:
-    """One torch function call: its name, its tensor arguments' shapes and storage pointers."""
+    """One aten op reached: its name, its tensor arguments' shapes and storage pointers, and for
+    a product the rows of its left operand."""
 
     name: str
     shapes: tuple[tuple[int, ...], ...]
     storages: tuple[int, ...]
+    product_rows: int = 0
 
     @property
     def is_product(self) -> bool:
         """A matrix or vector product (``@``, matmul, mm, einsum, linear, ...)."""
-        return self.name in _PRODUCT_OPS
+        return self.name in PRODUCT_OPS
 
     @property
     def rows(self) -> int:
-        """Rows (tokens) of the first tensor argument: every dimension but the last."""
-        return math.prod(self.shapes[0][:-1]) if self.shapes else 0
+        """Rows (tokens) of a product's left operand: every dimension but the last."""
+        return self.product_rows
 
     def uses(self, t: torch.Tensor) -> bool:
         """Whether ``t`` (or a view of its memory, such as its transpose) was an argument."""
@@ -211,25 +193,220 @@ class TorchCall:
         return pointer != 0 and pointer in self.storages
 
 
+@dataclass
+class OpRecorder(TorchDispatchMode):
+    """Records every aten op reached inside the block and refuses what ``policy`` forbids.
+
+    ops: op name -> count; products, flops: matrix-product ops and their FLOPs; calls: each op
+    (kept only when ``keep_calls``); violations: a sentence for each refusal. A refused op raises
+    :class:`NotAllowedError` (which the caller's code may catch: the violation stays recorded).
+    """
+
+    policy: Policy = field(default_factory=Policy)
+    keep_calls: bool = False
+    ops: Counter = field(default_factory=Counter)
+    products: int = 0
+    flops: int = 0
+    calls: list = field(default_factory=list)
+    violations: list = field(default_factory=list)
+    produced: set = field(default_factory=set)      # storage pointers of every op's results
+
+    def __post_init__(self):
+        super().__init__()
+        _warm_up()
+
+    def refuse(self, what: str) -> NotAllowedError:
+        error = self.policy.refusal(what)
+        self.violations.append(str(error))
+        return error
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        self.ops[f"aten.{name}"] += 1
+        rows = 0
+        if name in PRODUCT_OPS:
+            rows, flops = _product_size(name, args)
+            self.products += 1
+            self.flops += flops
+        if name in self.policy.ops:
+            raise self.refuse(f"torch's {name} (aten.{name}, which @, matmul, einsum, "
+                              "torch.linalg and their aliases reach)" if name in PRODUCT_OPS
+                              else f"torch's {name} (aten.{name})")
+        if self.policy.numpy and name in ("lift_fresh", "lift_fresh_copy", "lift"):
+            tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if tensor is not None and not tensor.untyped_storage().resizable():
+                raise self.refuse("a tensor on NumPy's (or another library's) memory")
+        if self.policy.words or self.policy.codes:
+            where = _forbidden_frame(self.policy, sys._getframe(1))
+            if where is not None:
+                raise self.refuse(where)
+        if self.keep_calls:
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            self.calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
+                                        tuple(_storage_pointer(t) for t in tensors), rows))
+        result = func(*args, **kwargs)
+        for t in (result if isinstance(result, (tuple, list)) else (result,)):
+            if isinstance(t, torch.Tensor):
+                self.produced.add(_storage_pointer(t))
+        return result
+
+
+_NUMPY_API = ("numpy", "numpy.linalg", "numpy.fft", "numpy.emath", "numpy.polynomial",
+              "numpy.lib.stride_tricks")
+
+
+def _numpy_callables() -> list[tuple[object, str, object]]:
+    """(module, name, function) for every public NumPy function and ufunc, wherever a loaded NumPy
+    module holds it (``numpy._core.multiarray.dot`` is ``numpy.dot``). NumPy's internal helpers
+    stay: torch imports NumPy modules lazily, and their import runs those helpers."""
+    import importlib
+    public = {}
+    for name in _NUMPY_API:
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            for attr, value in list(vars(module).items()):
+                if callable(value) and not isinstance(value, (type, types.ModuleType)) \
+                        and not attr.startswith("_"):
+                    public[id(value)] = value
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "numpy" or name.startswith("numpy.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if id(value) in public and not attr.startswith("__"):
+                found.append((module, attr, value))
+    return found
+
+
+def _llmcore_functions(words: Sequence[str]) -> list[tuple[object, str, object]]:
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "llmcore" or name.startswith("llmcore.")) \
+                or name in _EXEMPT_MODULES:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType) and _is_library_name(
+                    getattr(value, "__module__", "") or "", value.__name__, words):
+                found.append((module, attr, value))
+    return found
+
+
+_CONVERSIONS = ("from_numpy", "as_tensor", "asarray", "tensor", "frombuffer", "from_dlpack")
+"""torch's functions that make a tensor from an array (refused for arrays when NumPy is)."""
+
+
+_warm = False
+
+
+def _warm_up() -> None:
+    """Dispatch ops through a mode, once per process, before any recorder is entered: the first
+    dispatch imports torch._dynamo, whose import runs NumPy functions, which must not meet the
+    refusing stand-ins (nor count as the learner's)."""
+    global _warm
+    if not _warm:
+        _warm = True
+        with OpRecorder():
+            torch.ones(2).softmax(-1) @ torch.ones(2)
+
+
+@contextlib.contextmanager
+def blocked(recorder: OpRecorder) -> Iterator[dict]:
+    """Swap what the recorder's policy forbids but no aten op reveals for refusing stand-ins:
+    llmcore's functions named by the policy (the NumPy reference twins compute without torch),
+    every NumPy function (when the policy forbids NumPy), ``Tensor.numpy``/``__array__`` and the
+    array -> tensor conversions; in their modules, in ``__main__`` and in llmcore's modules.
+    Yields {id(stand-in): original} (the canaries check they are still in place)."""
+    policy = recorder.policy
+    originals: dict[int, tuple[object, str]] = {}          # id(original) -> description
+    patches: list[tuple[object, str, object]] = []
+
+    def stand_in(what: str, original):
+        def refusing(*args, **kwargs):
+            raise recorder.refuse(what)
+        refusing.__name__ = getattr(original, "__name__", "refused")
+        return refusing
+
+    def convert_checked(what: str, original):
+        import numpy
+        def converting(data, *args, **kwargs):
+            if isinstance(data, numpy.ndarray) or hasattr(data, "__array_interface__") \
+                    or hasattr(data, "__dlpack__") and not isinstance(data, torch.Tensor):
+                raise recorder.refuse(what)
+            return original(data, *args, **kwargs)
+        converting.__name__ = original.__name__
+        return converting
+
+    found = _llmcore_functions(policy.words) if policy.words else []
+    for module, attr, value in found:
+        originals[id(value)] = (stand_in(f"{value.__module__}.{value.__qualname__}", value), attr)
+    if policy.numpy:
+        for module, attr, value in _numpy_callables():
+            if id(value) not in originals:
+                originals[id(value)] = (stand_in(f"numpy's {attr}", value), attr)
+            found.append((module, attr, value))
+        for attr in _CONVERSIONS:
+            value = getattr(torch, attr, None)
+            if value is not None:
+                originals[id(value)] = (convert_checked(f"torch.{attr} of an array", value), attr)
+                found.append((torch, attr, value))
+        for attr in ("numpy", "__array__"):
+            value = getattr(torch.Tensor, attr)
+            originals[id(value)] = (stand_in(f"Tensor.{attr}() (a tensor handed to NumPy)",
+                                             value), attr)
+            found.append((torch.Tensor, attr, value))
+    namespaces = [sys.modules.get("__main__")] + [
+        m for name, m in list(sys.modules.items()) if m is not None
+        and (name == "llmcore" or name.startswith("llmcore.")) and name not in _EXEMPT_MODULES]
+    for namespace in namespaces:
+        if namespace is None:
+            continue
+        for attr, value in list(vars(namespace).items()):
+            if id(value) in originals:
+                found.append((namespace, attr, value))
+    seen = set()
+    for owner, attr, value in found:
+        if (id(owner), attr) in seen:
+            continue
+        seen.add((id(owner), attr))
+        patches.append((owner, attr, value))
+        setattr(owner, attr, originals[id(value)][0])
+    try:
+        yield {id(originals[id(v)][0]): (o, a) for o, a, v in patches}
+    finally:
+        for owner, attr, original in reversed(patches):
+            setattr(owner, attr, original)
+
+
+@contextlib.contextmanager
+def forbid(*targets: str | Callable, hint: str = "") -> Iterator[OpRecorder]:
+    """Inside the block, reaching any target raises :class:`NotAllowedError` with a clear message.
+
+    targets:
+      ``"aten.NAME"``     the aten op NAME, however it is reached (``"aten.mm"`` covers ``@``,
+                          torch.matmul, torch.mm, torch.ops.aten.mm, torch.linalg.matmul, ...);
+      ``"llmcore.WORD"``  every llmcore function whose name contains WORD, called directly or
+                          through any other function (the NumPy reference twins included);
+      ``"numpy"``         every NumPy function, and tensors handed to or taken from NumPy;
+      a callable          that very function or method (for example ``Attention.forward``).
+    hint: a sentence added to the message, saying what to use instead.
+
+    ``with forbid(*SOFTMAXES, hint="Use torch.exp, amax and sum."): got = softmax_rows(x)``.
+    """
+    recorder = OpRecorder(Policy.of(targets, hint))
+    with recorder, blocked(recorder):
+        yield recorder
+
+
 @contextlib.contextmanager
 def watch_torch_calls() -> Iterator[list[TorchCall]]:
-    """Record every torch function call made inside the block, in order.
+    """Record every aten op reached inside the block, in order (whatever Python path led there).
 
     >>> with watch_torch_calls() as calls:
     ...     y = torch.ones(3, 2) @ torch.ones(2, 4)
     >>> [c.name for c in calls if c.is_product]
-    ['matmul']
+    ['mm']
     """
-    calls: list[TorchCall] = []
-
-    class Watch(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
-            name = _torch_op_name(func)
-            if name != "__get__":
-                calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
-                                       tuple(_storage_pointer(t) for t in tensors)))
-            return func(*args, **(kwargs or {}))
-
-    with Watch():
-        yield calls
+    recorder = OpRecorder(keep_calls=True)
+    with recorder:
+        yield recorder.calls

@@ -1,4 +1,11 @@
-"""The learner's check: run one notebook in a fresh kernel and report each visible test."""
+"""The learner's check: run one notebook in a fresh kernel and report each visible test.
+
+The tests come from the release (``exercises/<assignment>/<notebook>.ipynb`` of the course that
+holds the notebook, or of the working directory's course), never from the learner's copy: a test
+cell changed or deleted there is reported as ALTERED and the released one runs in its place. A
+test that ran but published none of its records (course/grading/VERDICTS.md), or whose records
+show a violation or a switched-off check, fails.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .limits import bounded_execute
-from .nbgrader_app import _last_error_line, _prepare_environment, course_config
+from .nbgrader_app import _last_error_line, _prepare_environment, course_config, find_config
+from .verdicts import _learner_sources, records_of, screen_source
 
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 
@@ -34,7 +42,8 @@ class CheckReport:
     notebook: Path
     tests: tuple[CellResult, ...]
     cell_errors: tuple[str, ...]     # errors in cells that are not tests (your code)
-    edited_tests: tuple[str, ...]    # read-only cells changed (grading restores them)
+    edited_tests: tuple[str, ...]    # read-only cells changed or deleted (the released ones ran)
+    release: Path | None = None      # the released notebook whose tests ran
 
     @property
     def points(self) -> float:
@@ -74,11 +83,67 @@ def _error_text(cell) -> str:
     return ""
 
 
+def _released(path: Path) -> tuple[Path | None, Path | None]:
+    """(course config, released notebook) for a learner's notebook: the course that holds it, else
+    the working directory's; the release with the same assignment folder and name, else the one
+    with the same name."""
+    for config_path in (find_config(path), find_config(Path.cwd())):
+        if config_path is None:
+            continue
+        from traitlets.config.loader import PyFileConfigLoader
+        loaded = PyFileConfigLoader(config_path.name, path=str(config_path.parent)).load_config()
+        release = config_path.parent / loaded.get("CourseDirectory", {}).get(
+            "release_directory", "release")
+        same = release / path.parent.name / path.name
+        if same.is_file():
+            return config_path, same
+        found = sorted(release.glob(f"*/{path.name}"))
+        if len(found) == 1:
+            return config_path, found[0]
+    return None, None
+
+
+def _restore_tests(nb, released) -> list[str]:
+    """Put every read-only cell of the release (tests and given code) into ``nb`` in place of the
+    learner's version; a deleted one is put back after its predecessor. Returns the grade_ids of
+    the cells that were changed or missing."""
+    from nbgrader import utils
+
+    def grade_id(cell):
+        return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+    altered = []
+    mine = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
+    previous = -1
+    for cell in released.cells:
+        gid = grade_id(cell)
+        if gid is None:
+            continue
+        locked = utils.is_locked(cell) or (utils.is_grade(cell) and not utils.is_solution(cell))
+        if gid in mine:
+            index = mine[gid]
+            if locked and (nb.cells[index].source != cell.source
+                           or nb.cells[index].cell_type != cell.cell_type):
+                altered.append(gid)
+                nb.cells[index] = cell
+            previous = index
+        elif locked:
+            altered.append(gid)
+            nb.cells.insert(previous + 1, cell)
+            mine = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
+            previous = mine[gid]
+    return altered
+
+
 def check(notebook: str | os.PathLike, *, timeout: int | None = None,
           config_file: str | os.PathLike | None = None) -> CheckReport:
-    """Run a notebook in a fresh kernel (nbgrader's Validator, bounded like the grader) and
-    report every test cell: pass or fail with its message, and the points it is worth."""
+    """Run a notebook in a fresh kernel (nbgrader's Validator, bounded like the grader) with the
+    release's test cells, and report every test cell: pass or fail with its message, and the
+    points it is worth."""
     _prepare_environment()
+    import tempfile
+
+    import nbformat
     from nbgrader import utils
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
     from nbgrader.validator import Validator
@@ -87,7 +152,9 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
     path = Path(notebook).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"check: no notebook at {notebook}")
-    config = course_config(path.parent, timeout=timeout, config_file=config_file)
+    course_file, release = _released(path)
+    config = course_config(course_file.parent if course_file else path.parent, timeout=timeout,
+                           config_file=config_file or course_file)
 
     class Checker(Validator):
         preprocessors = List([CheckCellMetadata, ClearOutput, bounded_execute()])
@@ -97,18 +164,24 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
             return self.executed
 
     checker = Checker(config=config)
-    checker.ignore_checksums = False
+    checker.ignore_checksums = True          # the release's cells run: nothing to compare
+    altered: list[str] = []
     try:
-        found = checker.validate(str(path))
+        nb = nbformat.read(str(path), as_version=4)
+        if release is not None and release.resolve() != path:
+            altered = _restore_tests(nb, nbformat.read(str(release), as_version=4))
+        with tempfile.TemporaryDirectory(prefix="course-check-") as folder:
+            copy = Path(folder) / path.name
+            nbformat.write(nb, str(copy))
+            found = checker.validate(str(copy))
     except Exception as error:          # the kernel died, or the notebook is not a notebook
         reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
-        return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",), ())
-    edited = tuple(c["source"].splitlines()[0] if c["source"] else "(empty cell)"
-                   for c in found.get("changed", []))
+        return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",),
+                           tuple(altered), release)
     if "type_changed" in found:
         changed = tuple(f"a {c['old_type']} cell became {c['new_type']}"
                         for c in found["type_changed"])
-        return CheckReport(path, (), (), changed)
+        return CheckReport(path, (), (), changed, release)
     tests, errors = [], []
     for index, cell in enumerate(checker.executed.cells):
         if cell.cell_type != "code":
@@ -122,17 +195,44 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 continue
             score, points = utils.determine_grade(cell)
             message = _error_text(cell) if score < points else ""
-            tests.append(CellResult(grade_id, points, float(score), message, hidden))
+            if not message:
+                message = _record_problem(cell)
+            tests.append(CellResult(grade_id, points, 0.0 if message else float(score), message,
+                                    hidden))
         else:
             message = _error_text(cell)
             if message:
                 first = (cell.source.strip().splitlines() or ["(empty)"])[0][:60]
                 errors.append(f"cell {index} ({first}): {message}")
-    return CheckReport(path, tuple(tests), tuple(errors), edited)
+    findings = screen_source(_learner_sources(checker.executed))
+    if findings:
+        errors.append("your code uses " + ", ".join(findings[:5]) + ": the grader counts that as "
+                      "tampering with the checks, and every test would score 0")
+    return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release)
+
+
+def _record_problem(cell) -> str:
+    """'' when a passing test cell's records hold up as far as the learner's side can tell (the
+    expected values live with the grader), else why not."""
+    if "Test(" not in cell.source:
+        return ""                            # a test written before records (no harness)
+    records = records_of(cell)
+    if not records:
+        return ("the test published none of its records, so it did not run as written (was it "
+                "changed while the notebook ran?)")
+    for record in records:
+        if record.get("violations"):
+            return str(record["violations"][0])
+        canaries = record.get("canaries") or {}
+        if not all(v is True for v in canaries.values()):
+            off = ", ".join(sorted(k for k, v in canaries.items() if v is not True))
+            return f"tampering detected: a check was switched off ({off})"
+    return ""
 
 
 def format_report(report: CheckReport) -> str:
-    lines = [f"Checked {report.notebook.name} in a fresh kernel."]
+    lines = [f"Checked {report.notebook.name} in a fresh kernel"
+             + (f", with the tests of {report.release}." if report.release else ".")]
     for test in report.tests:
         points = f"{test.points:g} point{'s' if test.points != 1 else ''}"
         if test.score is None:
@@ -146,8 +246,8 @@ def format_report(report: CheckReport) -> str:
     for error in report.cell_errors:
         lines.append(f"  ERROR   {error}")
     for cell in report.edited_tests:
-        lines.append(f"  EDITED  a read-only cell was changed ({cell!r}); grading runs the "
-                     "original, so undo the change")
+        lines.append(f"  ALTERED {cell}: your copy of this read-only cell differs from the release "
+                     "(or is missing); the released one ran, and grading runs it too")
     hidden = f" ({report.hidden_points:g} more in hidden tests, run when graded)" \
         if report.hidden_points else ""
     lines.append(f"Points so far: {report.points:g} of {report.max_points:g}{hidden}.")

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import functools
 
+_RECORD_MIME = "application/vnd.llmcore.record+json"    # course/grading/VERDICTS.md
+_MAX_RECORDS_PER_CELL = 64
+_MAX_RECORD_CHARS = 200_000
+
+
 @functools.cache
 def bounded_execute() -> type:
     """nbgrader's Execute preprocessor with a memory limit, preloaded modules and an output cap
@@ -65,12 +70,19 @@ def bounded_execute() -> type:
             self._kept: dict[int, int] = {}
             self._stderr_kept: set[int] = set()
             self._truncated: set[int] = set()
+            self._records: dict[int, int] = {}
             return super().preprocess(nb, resources, km)
 
         def output(self, outs, msg, display_id, cell_index):
             out = super().output(outs, msg, display_id, cell_index)
             if out is None:
                 return None
+            if _RECORD_MIME in out.get("data", {}):       # verdict records: their own cap
+                records = self._records.get(cell_index, 0) + 1
+                self._records[cell_index] = records
+                if records <= _MAX_RECORDS_PER_CELL and _output_size(out) <= _MAX_RECORD_CHARS:
+                    return out
+                out.data = {"text/plain": "[record dropped: too many or too large]"}
             cap = self.max_output_chars
             kept = self._kept.get(cell_index, 0)
             size = _output_size(out)

@@ -55,7 +55,6 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     cell timeout if given, and the grader's bounded Execute preprocessor.
     """
     from nbgrader.converters import Autograde, GenerateFeedback
-    from nbgrader.preprocessors import Execute
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -70,9 +69,7 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     config.CourseDirectory.db_url = f"sqlite:///{book}"
     if timeout is not None:
         config.Execute.timeout = int(timeout)
-    bounded = bounded_execute()
-    defaults = Autograde.class_traits()["autograde_preprocessors"].default()
-    config.Autograde.autograde_preprocessors = [bounded if p is Execute else p for p in defaults]
+    config.Autograde.autograde_preprocessors = autograde_preprocessors()
     sanitize = Autograde.class_traits()["sanitize_preprocessors"].default()
     at = next(i for i, p in enumerate(sanitize) if p.__name__ == "OverwriteCells")
     config.Autograde.sanitize_preprocessors = [*sanitize[:at],
@@ -81,6 +78,23 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     feedback = GenerateFeedback.class_traits()["preprocessors"].default()
     config.GenerateFeedback.preprocessors = [*feedback, "course.grading.feedback.HideHiddenTests"]
     return config
+
+
+def autograde_preprocessors() -> list:
+    """nbgrader's autograde pipeline with the course's two changes: Execute bounded (limits) and
+    the trusted Verdicts (course/grading/VERDICTS.md) judging every test cell before its grade is
+    saved. course-grade uses it; nbgrader_config.py spells the same list for plain
+    `nbgrader autograde` (a test checks that the two agree)."""
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute, SaveAutoGrades
+
+    from .verdicts import verdicts_preprocessor
+    steps = []
+    for step in Autograde.class_traits()["autograde_preprocessors"].default():
+        if step is SaveAutoGrades:
+            steps.append(verdicts_preprocessor())
+        steps.append(bounded_execute() if step is Execute else step)
+    return steps
 
 
 def _course_directory(config, **attrs):

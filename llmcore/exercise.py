@@ -1,0 +1,261 @@
+"""What an exercise's test cell uses: run the learner's function and publish what it did.
+
+A test cell makes a :class:`Test` and runs each case through :meth:`Test.call` (or
+:meth:`Test.raises`): the function runs under :class:`llmcore.calls.OpRecorder` with the cell's
+policy, then the tamper canaries run, then one record (the output, the aten ops reached, the
+inputs' digest) is published as a ``display_data`` output of MIME type :data:`RECORD_MIME`. The
+kernel only produces these records; the grader judges them outside it against the instructor's run
+(course/grading/VERDICTS.md). The cell still asserts on the returned value, for feedback.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import sys
+from typing import Callable
+
+import torch
+
+from .calls import NotAllowedError, OpRecorder, Policy, blocked
+
+RECORD_MIME = "application/vnd.llmcore.record+json"
+RECORD_VERSION = 1
+OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio")
+
+
+def encode(value) -> dict:
+    """A function's result as JSON data: tensors as dtype, shape and base64 bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        data = t.numpy().tobytes() if t.numel() else b""
+        return {"tensor": {"dtype": str(t.dtype).removeprefix("torch."),
+                           "shape": list(t.shape), "data": base64.b64encode(data).decode()}}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__ if type(value) in (list, tuple) else "list":
+                [encode(v) for v in value]}
+    if value is None:
+        return {"none": True}
+    if isinstance(value, bool):
+        return {"value": value}
+    if isinstance(value, int):
+        return {"value": int(value)}
+    if isinstance(value, float):
+        return {"value": value if value == value and abs(value) != float("inf") else repr(value)}
+    if isinstance(value, str):
+        return {"value": value}
+    return {"other": type(value).__name__}
+
+
+def _digest_into(h, value) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update((t.float() if t.dtype == torch.bfloat16 else t).numpy().tobytes())
+    elif isinstance(value, torch.nn.Module):
+        h.update(f"M{type(value).__name__}".encode())
+        for name, tensor in value.state_dict().items():
+            h.update(name.encode())
+            _digest_into(h, tensor)
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}".encode())
+        for v in value:
+            _digest_into(h, v)
+    elif isinstance(value, dict):
+        for k in sorted(value, key=str):
+            h.update(str(k).encode())
+            _digest_into(h, value[k])
+    elif isinstance(value, (int, float, bool, str, type(None))):
+        h.update(f"S{type(value).__name__}{value!r}".encode())
+    else:
+        h.update(f"O{type(value).__name__}".encode())
+
+
+def digest(*values) -> str:
+    """SHA-256 of the values' types, dtypes, shapes and bytes (a model: its state dict)."""
+    h = hashlib.sha256()
+    for v in values:
+        _digest_into(h, v)
+    return h.hexdigest()
+
+
+def _views_of(result, argument) -> list[bool]:
+    tensors = result if isinstance(result, (list, tuple)) else [result]
+    if not isinstance(argument, torch.Tensor):
+        return [False for _ in tensors]
+    base = argument.untyped_storage().data_ptr()
+    return [isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == base
+            for t in tensors]
+
+
+_CANARY_OPS = {
+    "bmm": lambda eye: torch.ops.aten.bmm(eye[None], eye[None]),
+    "dot": lambda eye: torch.ops.aten.dot(eye[0], eye[0]),
+    "_softmax": lambda eye: torch.ops.aten._softmax(eye, -1, False),
+    "_safe_softmax": lambda eye: torch.ops.aten._safe_softmax(eye, -1),
+}
+"""A known call of each op a policy may forbid: the forbid canary commits it."""
+
+
+def _tensors_in(value, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in a value: nested lists, tuples and dicts, a module's parameters and buffers."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, torch.nn.Module):
+        return [*value.parameters(), *value.buffers()]
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v, depth + 1)]
+    if depth < 4 and isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v, depth + 1)]
+    return []
+
+
+def _unseen(result, recorder: OpRecorder, given) -> bool:
+    """Whether a returned tensor was neither given to the call nor made by an op the recorder saw
+    (made before the call, or computed with the recorder switched off)."""
+    known = recorder.produced | {t.untyped_storage().data_ptr() for t in _tensors_in(given)}
+    return any(t.numel() and t.device.type != "meta"
+               and t.untyped_storage().data_ptr() not in known for t in _tensors_in(result))
+
+
+def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
+    """Known violations committed after the learner's function returned, under the same recorder
+    and stand-ins: each must still be seen (True) or the learner's code switched a check off."""
+    policy = recorder.policy
+    counted = (recorder.ops.copy(), recorder.products, recorder.flops)
+    before = (recorder.ops["aten.mm"], recorder.products, len(recorder.violations))
+    eye = torch.eye(2)
+    refused = False
+    try:
+        torch.ops.aten.mm(eye, eye)
+    except NotAllowedError:
+        refused = True
+    result = {"recorder": recorder.ops["aten.mm"] == before[0] + 1
+              and recorder.products == before[1] + 1}
+    forbid_ok = refused == ("mm" in policy.ops)
+    for op, attempt in _CANARY_OPS.items():
+        if op in policy.ops and op != "mm":
+            try:
+                attempt(eye)
+                forbid_ok = False
+            except NotAllowedError:
+                pass
+    for stand_in_id, (owner, attr) in stand_ins.items():
+        if id(getattr(owner, attr, None)) != stand_in_id:
+            forbid_ok = False               # a refused name was put back during the call
+    result["forbid"] = forbid_ok
+    if policy.numpy:
+        numpy = sys.modules.get("numpy")
+        ok = True
+        for attempt in (lambda: numpy.dot(1.0, 2.0), lambda: torch.ones(2).numpy(),
+                        lambda: numpy.asarray(torch.ones(2))):
+            try:
+                attempt()
+                ok = False
+            except NotAllowedError:
+                pass
+        result["numpy"] = ok
+    del recorder.violations[before[2]:]     # the canaries' own work is not the learner's
+    recorder.ops, recorder.products, recorder.flops = counted
+    return result
+
+
+class Test:
+    """One test cell's cases: ``Test(grade_id, forbid=(...), hint=...)``, then ``call``/``raises``.
+
+    forbid: targets as for :func:`llmcore.calls.forbid` (the cell's policy for every case).
+    """
+
+    def __init__(self, cell: str, *, forbid=(), hint: str = ""):
+        self.cell = cell
+        self.policy = Policy.of(tuple(forbid), hint)
+        self.cases: list[str] = []
+        self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
+
+    def _run(self, fn: Callable, args, kwargs, inputs=()):
+        recorder = OpRecorder(self.policy)
+        error = None
+        result = None
+        with recorder:
+            with blocked(recorder) as stand_ins:
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
+                    error = raised
+                if error is None and _unseen(result, recorder, (args, kwargs, inputs)):
+                    recorder.violations.append(
+                        "the result was not computed by operations the test could see (a tensor "
+                        "made before the call, or computed with the op recorder switched off)")
+                canaries = _canaries(recorder, stand_ins)
+        self.last = recorder
+        return recorder, result, error, canaries
+
+    def _publish(self, case: str, recorder: OpRecorder, output: dict, inputs: str,
+                 canaries: dict, options: dict, views: list[bool]) -> None:
+        if case in self.cases:
+            raise ValueError(f"{self.cell}: case {case!r} is recorded twice; name each case once")
+        self.cases.append(case)
+        record = {"version": RECORD_VERSION, "cell": self.cell, "case": case,
+                  "index": len(self.cases) - 1, "inputs": inputs, "output": output,
+                  "ops": dict(sorted(recorder.ops.items())), "products": recorder.products,
+                  "flops": recorder.flops, "views": views,
+                  "violations": list(dict.fromkeys(recorder.violations)), "canaries": canaries,
+                  "options": options, "policy": self.policy.describe()}
+        from IPython.display import display
+        display({RECORD_MIME: json.loads(json.dumps(record)),
+                 "text/plain": f"[{self.cell}: {case} recorded]"}, raw=True)
+
+    def call(self, fn: Callable, *args, case: str, inputs=(), kwargs: dict | None = None,
+             **options_and_kwargs):
+        """Run ``fn(*args, **kwargs)`` under the policy; publish the record; return the result.
+
+        Options (judged by the grader from the solution's record): rtol, atol, view_of,
+        max_products, max_flops_ratio; any other keyword goes to ``fn``.
+        """
+        options = {k: v for k, v in options_and_kwargs.items() if k in OPTIONS}
+        kwargs = {**{k: v for k, v in options_and_kwargs.items() if k not in OPTIONS},
+                  **(kwargs or {})}
+        options.setdefault("rtol", 1e-5)
+        options.setdefault("atol", 1e-6)
+        input_digest = digest(args, kwargs, inputs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
+        if error is not None:
+            output = {"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
+        else:
+            output = encode(result)
+        views = _views_of(result, args[options["view_of"]]) if "view_of" in options else []
+        self._publish(case, recorder, output, input_digest, canaries, options, views)
+        if error is not None:
+            raise error
+        if recorder.violations:
+            raise NotAllowedError(recorder.violations[0])
+        return result
+
+    def raises(self, expected: type[BaseException], fn: Callable, *args, case: str,
+               match: str = "", explain: str = "", inputs=(), **kwargs) -> BaseException:
+        """Run ``fn`` expecting ``expected`` with a message matching ``match``; publish the
+        record; return the exception (AssertionError in the kernel when it did not come).
+        explain: what the message should say, for the learner (default: the pattern)."""
+        input_digest = digest(args, kwargs, inputs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
+        output = ({"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
+                  if error is not None else {"returned": encode(result)})
+        options = {"expect": expected.__name__, "match": match}
+        self._publish(case, recorder, output, input_digest, canaries, options, [])
+        if recorder.violations:
+            raise NotAllowedError(recorder.violations[0])
+        name = getattr(fn, "__name__", "the function")
+        if error is None:
+            raise AssertionError(f"{name} should raise {expected.__name__} ({case}), but it "
+                                 "returned")
+        if not isinstance(error, expected):
+            raise error
+        if match and not re.search(match, str(error)):
+            raise AssertionError(f"{name} raised {expected.__name__}({str(error)!r}); "
+                                 + (explain or f"the message should match {match!r}"))
+        return error

@@ -1,0 +1,231 @@
+"""Verdicts decided outside the learner's kernel (issue 13): the records, the trusted judge, the
+learner's check against the release, and every cheat of tests/grading/cheats.py graded in one run
+between honest students."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course import grading
+from course.grading.verdicts import Verdict, judge, screen_source
+from llmcore.calls import PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" / "test_grading.py")
+grading_tests = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = grading_tests
+_spec.loader.exec_module(grading_tests)
+mutants = grading_tests.mutants                 # one module object: _submission checks edit types
+sys.modules["mutants"] = mutants
+sys.path.insert(0, str(ROOT / "tests" / "grading"))
+import cheats  # noqa: E402
+
+_submission, _submit, _check = (grading_tests._submission, grading_tests._submit,
+                                grading_tests._check)
+CELL_TIMEOUT = 20
+
+
+# ------------------------------------------------------------------------------------------------
+# The op recorder and the judge, without a kernel (fast)
+# ------------------------------------------------------------------------------------------------
+
+def test_the_recorder_counts_products_and_flops_whatever_the_copy():
+    w = torch.randn(4, 6)
+    twin = w.clone()
+    with OpRecorder() as recorder:
+        torch.randn(5, 4) @ w
+        torch.randn(3, 4) @ twin                 # a copy of the weights is counted all the same
+    assert recorder.products == 2 and recorder.flops == 2 * (5 + 3) * 4 * 6
+    assert recorder.ops["aten.mm"] == 2
+
+
+def test_a_caught_refusal_stays_recorded():
+    with forbid(*PRODUCTS) as recorder:
+        try:
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        except NotAllowedError:
+            pass
+    assert recorder.violations and "aten.mm" in recorder.violations[0]
+
+
+def test_numpy_is_back_after_the_block():
+    import numpy as np
+    with pytest.raises(NotAllowedError):
+        with forbid("numpy"):
+            np.dot([1.0], [2.0])
+    assert np.dot([1.0], [2.0]) == 2.0 and torch.ones(1).numpy()[0] == 1.0
+
+
+def _record(case="c", **changes) -> dict:
+    record = {"version": 1, "cell": "test_x", "case": case, "index": 0, "inputs": "abc",
+              "output": {"value": 3}, "ops": {"aten.add": 1}, "products": 0, "flops": 0,
+              "views": [], "violations": [], "canaries": {"recorder": True, "forbid": True},
+              "options": {"rtol": 1e-5, "atol": 1e-6},
+              "policy": Policy.of(PRODUCTS).describe()}
+    record.update(changes)
+    return record
+
+
+@pytest.mark.parametrize("got, phrase, tampering", [
+    ([], "none of its", False),
+    ([_record(), _record()], "tampering detected", True),
+    ([_record(case="other")], "tampering detected", True),
+    ([_record(inputs="xyz")], "inputs", True),
+    ([_record(canaries={"recorder": False, "forbid": True})], "switched off (recorder)", True),
+    ([_record(ops={"aten.mm": 1})], "aten.mm", False),
+    ([_record(output={"value": 4})], "expected 3", False),
+    ([_record(violations=["numpy's dot was used"])], "numpy's dot", False),
+    ([_record(policy={"ops": [], "llmcore": [], "numpy": False, "callables": []})],
+     "rules were changed", True),
+], ids=["missing", "repeated", "unknown", "inputs", "canary", "forbidden_op", "wrong", "violation",
+        "policy"])
+def test_judge_refuses_what_does_not_hold_up(got, phrase, tampering):
+    verdict = judge("test_x", [_record()], got)
+    assert not verdict.passed and verdict.tampering == tampering and phrase in verdict.reason, \
+        verdict
+
+
+def test_judge_passes_the_same_records_and_refuses_authoring_errors():
+    assert judge("test_x", [_record()], [_record()]) == Verdict(True)
+    with pytest.raises(ValueError, match="made no record"):
+        judge("test_x", [], [_record()])
+
+
+def test_screen_flags_only_what_tampering_needs():
+    honest = [mutants_source for mutants_source in (
+        "def dot(a, b):\n    total = torch.zeros(())\n    for i in range(a.shape[0]):\n"
+        "        total = total + a[i] * b[i]\n    return total",
+        "class LayerCache:\n    def __init__(self, h):\n        self.keys = torch.zeros(h, 0)\n",
+        "import copy\nimport numpy as np\nx = [1]\nx[0] = 2")]
+    assert screen_source(honest) == []
+    assert screen_source(["torch.allclose = lambda *a: True"]) == \
+        ["an assignment into the module torch"]
+    assert "`get_ipython`" in screen_source(["get_ipython().events.register('x', print)"])
+    assert "import of exercise" in screen_source(["from llmcore import exercise"])
+    assert screen_source(["%load_ext x"]) == ["an IPython magic or shell command"]
+    assert "a library's private part (`torch..._C`)" in \
+        screen_source(["m = torch._C._pop_torch_dispatch_mode()"])
+    assert screen_source(["class A:\n    def f(self):\n        return self._cache"]) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# The learner's check runs the release's tests
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_check_reports_a_test_replaced_by_pass_as_altered(tmp_path):
+    nb = _submission(mutants.MATMUL, answered=True, edits={
+        "matmul": mutants.Replace(cheats.LIBRARY_MATMUL, "return a @ b"),
+        "test_matmul": mutants.Source("pass"), "test_project": mutants.Delete()})
+    copy = tmp_path / "01_matmul" / "matmul.ipynb"
+    copy.parent.mkdir()
+    nbformat.write(nb, str(copy))
+    done = _check(copy)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ALTERED test_matmul" in done.stdout and "ALTERED test_project" in done.stdout
+    assert "FAIL    test_matmul: 0 of 2 points" in done.stdout, done.stdout
+    assert "PASS    test_project:" in done.stdout, "the deleted test is put back and runs"
+    assert "exercises/01_matmul/matmul.ipynb" in done.stdout
+
+
+@pytest.mark.slow
+def test_check_fails_a_test_that_published_no_record(tmp_path):
+    nb = _submission(mutants.MATMUL, answered=True,
+                     edits={"dot": _cheat("input_transformer").edits["dot"]})
+    copy = tmp_path / "matmul.ipynb"
+    nbformat.write(nb, str(copy))
+    done = _check(copy)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL    test_dot: 0 of 1 point" in done.stdout and "none of its records" in done.stdout
+    assert "every test would score 0" in done.stdout and "`get_ipython`" in done.stdout
+
+
+def _cheat(student: str) -> cheats.Cheat:
+    return next(c for c in cheats.CHEATS if c.student == student)
+
+
+# ------------------------------------------------------------------------------------------------
+# One class: honest students around every cheat, graded in one run
+# ------------------------------------------------------------------------------------------------
+
+HONEST = ("aaa_honest", "zzz_honest")
+ASSIGNMENTS = sorted({c.assignment for c in cheats.CHEATS})
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    shutil.copytree(ROOT / "solutions", course / "solutions")
+    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    for student in HONEST:
+        for assignment in ASSIGNMENTS:
+            _submit(course, student, assignment, _submission(assignment, answered=True))
+    for cheat in cheats.CHEATS:
+        _submit(course, cheat.student, cheat.assignment,
+                _submission(cheat.assignment, answered=cheat.answered, edits=cheat.edits))
+    start = time.perf_counter()
+    run = grading.grade(course, gradebook=course / "gradebook.db", timeout=CELL_TIMEOUT,
+                        log=lambda message: print(message, flush=True))
+    rows = run.rows
+    seconds = time.perf_counter() - start
+    count = len(HONEST) * len(ASSIGNMENTS) + len(cheats.CHEATS)
+    print(f"graded {count} notebooks in {seconds:.0f} s ({seconds / count:.1f} s each)")
+    return course, rows
+
+
+def _verdicts(course: Path, student: str, assignment: str) -> dict[str, dict]:
+    path = course / "autograded" / student / assignment / \
+        f"{mutants.ASSIGNMENTS[assignment]}.ipynb"
+    nb = json.loads(path.read_text())
+    return {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"].get("verdict", {})
+            for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")
+            and not c["metadata"]["nbgrader"].get("solution")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", HONEST)
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_honest_students_keep_full_marks(graded, student, assignment):
+    course, rows = graded
+    row = grading_tests._row(rows, student, assignment)
+    assert row.score == row.max_score > 0, row
+    assert all(v.get("passed") for v in _verdicts(course, student, assignment).values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cheat", cheats.CHEATS, ids=[c.student for c in cheats.CHEATS])
+def test_no_cheat_scores_above_its_honest_work(graded, cheat):
+    course, rows = graded
+    row = grading_tests._row(rows, cheat.student, cheat.assignment)
+    if cheat.stops_grader:                # no autograded notebook: the whole submission is 0
+        assert row.status.startswith("failed:") and row.score == cheat.score == 0, row
+    else:
+        verdicts = _verdicts(course, cheat.student, cheat.assignment)
+        failed = {name for name, verdict in verdicts.items() if not verdict.get("passed")}
+        assert failed == cheat.failing, f"{cheat.why}: expected {sorted(cheat.failing)} to " \
+                                        f"fail, got {sorted(failed)}: {verdicts}"
+        assert row.score == cheat.score <= cheat.honest, row
+        for grade_id, phrase in cheat.reasons.items():
+            assert phrase in verdicts[grade_id]["reason"], (grade_id, verdicts[grade_id])
+
+
+def test_plain_nbgrader_and_course_grade_judge_alike():
+    """nbgrader_config.py (plain `nbgrader autograde`) names the pipeline course-grade builds."""
+    from traitlets.config.loader import PyFileConfigLoader
+    from traitlets.utils.importstring import import_item
+
+    from course.grading.nbgrader_app import autograde_preprocessors
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    named = [import_item(p) if isinstance(p, str) else p
+             for p in config.Autograde.autograde_preprocessors]
+    assert named == autograde_preprocessors()
+    assert "Verdicts" in [p.__name__ for p in named]
