@@ -300,6 +300,7 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
     """
     _prepare_environment()
     from . import sandbox
+    from .verdicts import expected_records
 
     say = log or (lambda message: None)
 
@@ -359,17 +360,20 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
     with tempfile.TemporaryDirectory(prefix="course-grade-") as scratch_dir:
         scratch = Path(scratch_dir)
         template = scratch / "template.db"
+        verdict_cache = scratch / "verdicts"      # the solutions' records, run once per run
         if todo:
             template_config = course_config(course, gradebook=template, config_file=config_path)
             for assignment in sorted({a for _, a in todo}):
                 _register(template_config, assignment)
+                for source in sorted((course / coursedir.source_directory / assignment)
+                                     .glob("*.ipynb")):
+                    expected_records(source, config, verdict_cache / assignment)
             say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
         jobs = [_prepare_job(scratch / f"job{i}", course, coursedir, template, config_path,
                              student, assignment, timeout=timeout,
                              notebook_timeout=notebook_timeout, trusted=trusted,
-                             feedback=feedback)
+                             feedback=feedback, verdict_cache=verdict_cache)
                 for i, (student, assignment) in enumerate(todo)]
-        start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             running = [pool.submit(_run_worker, job) for job in jobs]
             for future in concurrent.futures.as_completed(running):
@@ -397,7 +401,7 @@ def _config_path(course: Path) -> str | None:
 
 def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_path,
                  student: str, assignment: str, *, timeout, notebook_timeout, trusted,
-                 feedback) -> dict:
+                 feedback, verdict_cache: Path) -> dict:
     """A worker's scratch course: its submission, the assignment's source folder and a copy of
     the template gradebook."""
     root = folder / "course"
@@ -411,7 +415,8 @@ def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_p
            "student": student, "assignment": assignment, "config_file": config_path,
            "timeout": timeout, "notebook_timeout": notebook_timeout,
            "unsandboxed_trusted": trusted, "feedback": feedback,
-           "outcome": str(folder / "outcome.json"), "folder": str(folder), "links": links}
+           "outcome": str(folder / "outcome.json"), "folder": str(folder), "links": links,
+           "verdict_cache": str(verdict_cache)}
     (folder / "job.json").write_text(json.dumps(job))
     return job
 
@@ -441,6 +446,7 @@ def _run_worker(job: dict) -> tuple[dict, Outcome]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
+    env["COURSE_VERDICTS_CACHE"] = job["verdict_cache"]     # shared: no worker reruns a solution
     try:
         done = subprocess.run([sys.executable, "-c", _WORKER, str(Path(job["folder"]) / "job.json")],
                               cwd=job["folder"], env=env, capture_output=True, text=True,

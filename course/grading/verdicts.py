@@ -285,11 +285,31 @@ def screen_source(sources: list[str]) -> list[str]:
     return list(dict.fromkeys(findings))
 
 
-def _learner_sources(nb) -> list[str]:
-    """The source of every cell the learner may edit (answers and cells they added)."""
+def _learner_sources(nb, instructor_tests: frozenset[str] = frozenset()) -> list[str]:
+    """The source of every cell the learner may edit (answers and cells they added). A cell
+    whose source is exactly one of the instructor's test cells (released or with its hidden
+    tests), for example a test cell whose grade_id the learner renamed, is the instructor's
+    code, not the learner's: it is not screened."""
     from nbgrader import utils
     return [c.source for c in nb.cells if c.cell_type == "code"
-            and not utils.is_locked(c) and not (utils.is_grade(c) and not utils.is_solution(c))]
+            and not utils.is_locked(c) and not (utils.is_grade(c) and not utils.is_solution(c))
+            and c.source.strip() not in instructor_tests]
+
+
+def instructor_test_sources(source: Path) -> frozenset[str]:
+    """The instructor's test cells of a solution notebook, each as written (hidden tests
+    included) and as released (hidden tests removed, as nbgrader's ClearHiddenTests does)."""
+    import copy
+
+    import nbformat
+    from nbgrader.preprocessors import ClearHiddenTests
+    clear = ClearHiddenTests()
+    sources = set()
+    for cell in _grade_cells(nbformat.read(str(source), as_version=4)):
+        released = copy.deepcopy(cell)
+        clear._remove_hidden_test_region(released)
+        sources |= {cell.source.strip(), released.source.strip()}
+    return frozenset(sources)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,12 +377,14 @@ def _run_solution(source: Path, config) -> dict[str, list[dict]]:
     return records
 
 
-def judge_notebook(nb, expected: dict[str, list[dict]]) -> dict[str, Verdict]:
+def judge_notebook(nb, expected: dict[str, list[dict]],
+                   instructor_tests: frozenset[str] = frozenset()) -> dict[str, Verdict]:
     """Judge every test cell of an executed submission in place: a failing cell gets an error
-    output (TamperingDetected or VerdictFailed) and every judged cell ``metadata.verdict``."""
+    output (TamperingDetected or VerdictFailed) and every judged cell ``metadata.verdict``.
+    instructor_tests: the instructor's test-cell sources (never screened as learner code)."""
     from nbformat.v4 import new_output
     verdicts = {}
-    findings = screen_source(_learner_sources(nb))
+    findings = screen_source(_learner_sources(nb, instructor_tests))
     for cell in _grade_cells(nb):
         grade_id = cell.metadata.nbgrader.get("grade_id")
         if grade_id not in expected:
@@ -414,7 +436,7 @@ def verdicts_preprocessor() -> type:
             cache = Path(self.cache_dir or os.environ.get("COURSE_VERDICTS_CACHE")
                          or Path(coursedir.root) / ".verdicts")
             expected = expected_records(source, self.config, cache / info["assignment"])
-            verdicts = judge_notebook(nb, expected)
+            verdicts = judge_notebook(nb, expected, instructor_test_sources(source))
             resources.setdefault("verdicts", {}).update(
                 {k: asdict(v) for k, v in verdicts.items()})
             return nb, resources

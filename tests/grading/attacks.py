@@ -148,12 +148,14 @@ while True:
     pass
 ''', 0.0, reason="timeout", fails=True),
     Attack(
-        "hoards_memory", "allocates NumPy arrays until memory runs out before any answer",
+        "hoards_memory", "reserves NumPy arrays until memory runs out before any answer (empty "
+        "arrays: the cap counts reserved memory, so it is reached in a moment even on a busy "
+        "machine, well inside the cell timeout)",
         '''
 import numpy as np
 hoard = []
 while True:
-    hoard.append(np.ones(2**25))
+    hoard.append(np.empty(2**25))
 ''', HONEST, reason="memory cap"),
     Attack(
         "floods_output", "prints megabytes before its answers",
