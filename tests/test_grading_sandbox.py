@@ -66,6 +66,16 @@ def test_bwrap_command_binds_no_course_folder(tmp_path):
                                                             "is writable"
 
 
+def test_the_python_environment_is_bound_over_the_private_tmp(tmp_path, monkeypatch):
+    """A checkout (and its .venv) under /tmp, as a fresh clone in CI may be: the environment must
+    be mounted after the private /tmp, or the sandbox hides the kernel's own interpreter."""
+    monkeypatch.setattr(sandbox, "_python_dirs", lambda: ["/tmp/somewhere/.venv"])
+    args = sandbox.bwrap_command(tmp_path, [])
+    tmpfs = args.index("/tmp", args.index("--tmpfs"))
+    bound = [i for i, a in enumerate(args) if a == "/tmp/somewhere/.venv"]
+    assert bound and min(bound) > tmpfs, args
+
+
 def test_grading_refuses_without_a_sandbox(monkeypatch, tmp_path):
     monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "bwrap is not installed (test)")
     (tmp_path / "submitted").mkdir()

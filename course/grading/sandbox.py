@@ -121,13 +121,15 @@ def bwrap_command(kernel_dir: Path, notebooks: list[Path]) -> list[str]:
             args += ["--ro-bind", top, top]
     for name in ETC_FILES:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    # The private /tmp and HOME first: the Python environment (a checkout's .venv may live under
+    # /tmp, as a fresh clone in CI does) is bound over them afterwards, not hidden by them.
+    args += [*_sized_tmpfs("/tmp"), *_sized_tmpfs(SANDBOX_HOME)]
     for folder in _python_dirs():
         if not folder.startswith(("/usr/", "/bin", "/lib")):
             args += ["--ro-bind", folder, folder]
     args += ["--ro-bind", str(_llmcore_dir()), f"{SANDBOX_COURSE}/llmcore",
              "--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys",
-             *_sized_tmpfs("/tmp"), *_sized_tmpfs(SANDBOX_HOME), "--dir", SANDBOX_WORK,
-             "--dir", f"{SANDBOX_HOME}/.ipython"]
+             "--dir", SANDBOX_WORK, "--dir", f"{SANDBOX_HOME}/.ipython"]
     for notebook in notebooks:
         args += ["--ro-bind", str(notebook), f"{SANDBOX_WORK}/{notebook.name}"]
     args += ["--bind", str(kernel_dir), str(kernel_dir), "--chdir", SANDBOX_WORK]
