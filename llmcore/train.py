@@ -207,6 +207,37 @@ def _optimizer(model: GPT, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2))
 
 
+class _PlainProgress:
+    """The progress bar's stand-in where tqdm is not installed (llmcore needs only torch, NumPy
+    and safetensors): iterates over the steps and prints each line it is asked to write."""
+
+    def __init__(self, steps: int, enabled: bool):
+        self.steps, self.enabled = range(steps), enabled
+
+    def __iter__(self):
+        return iter(self.steps)
+
+    def set_postfix(self, **values) -> None:
+        pass
+
+    def write(self, line: str) -> None:
+        if self.enabled:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(steps: int, *, enabled: bool):
+    """tqdm's bar over range(steps) when tqdm is installed, else plain printed lines."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PlainProgress(steps, enabled)
+    return tqdm(range(steps), desc="training", unit="step", disable=not enabled,
+                dynamic_ncols=True, mininterval=1.0)
+
+
 def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, *,
           device: torch.device | str = "cpu", progress: bool = True) -> tuple[GPT, TrainHistory]:
     """Train a fresh GPT (weights seeded by ``config.seed``) for ``config.steps`` steps.
@@ -219,8 +250,6 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
     With one torch thread a run repeats bit for bit; with several, multithreaded sums may
     differ in their last bits from run to run. Chapter 5.
     """
-    from tqdm.auto import tqdm
-
     _check_stream("train_tokens", train_tokens, config.model.max_seq_len)
     _check_stream("validation_tokens", validation_tokens, config.model.max_seq_len)
     device = torch.device(device)
@@ -231,8 +260,7 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
                    config.eval_windows)
     history = TrainHistory(loadavg_start=load_average())
     wall, cpu = time.perf_counter(), time.process_time()
-    bar = tqdm(range(config.steps), desc="training", unit="step", disable=not progress,
-               dynamic_ncols=True, mininterval=1.0)
+    bar = _progress_bar(config.steps, enabled=progress)
     for step in bar:
         lr = learning_rate(step, config)
         for group in optimizer.param_groups:

@@ -4,6 +4,8 @@ and a short training run on a tiny config that lowers the loss and repeats exact
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -130,3 +132,17 @@ def test_a_run_repeats_exactly_under_its_seed():
     other = train(TrainConfig.from_settings(**{**TINY_RUN, "steps": 12, "eval_every": 6, "seed": 1}),
                   tokens, tokens, progress=False)[1]
     assert other.train_bits != a.train_bits
+
+
+def test_training_prints_plain_progress_lines_without_tqdm(monkeypatch, capsys):
+    """llmcore needs only torch, NumPy and safetensors: without tqdm the progress is printed."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)           # `import tqdm...` now raises
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    short = TrainConfig.from_settings(**{**TINY_RUN, "steps": 6, "eval_every": 3})
+    tokens = stream(TEXT)
+    with_bar = train(short, tokens, tokens, progress=True)[1]
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["step     3", "step     6"], printed
+    assert "validation" in printed[-1]
+    quiet = train(short, tokens, tokens, progress=False)[1]
+    assert capsys.readouterr().out == "" and quiet.train_bits == with_bar.train_bits
