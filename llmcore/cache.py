@@ -13,7 +13,9 @@ A forward call with a cache (``GPT.forward(tokens, cache)``) asks it, in this or
 :class:`llmcore.kvcache.KVCache` (contiguous), :class:`llmcore.prefix.SharedPrefixCache` (a
 common prefix read by every sequence) and :class:`llmcore.paged.PagedBatch` (some sequences of a
 :class:`llmcore.paged.PagedKVCache`) all satisfy :class:`Cache`; generation, batching and serving
-use nothing else. Chapters 7-9.
+use nothing else. The fast path's :class:`llmcore.fastpath.StaticCache` is not a
+:class:`Cache`: it is never handed to ``GPT.forward``; :class:`llmcore.fastpath.FastGPT` writes
+its layers' rows into it directly, so it needs no interface. Chapters 7-9.
 """
 
 from __future__ import annotations

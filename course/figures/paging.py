@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from llmcore.paged import block_fill, block_owners
+from llmcore.paged import PagedKVCache, block_fill, block_owners
 
 SHARED_COLOR = "#9a9a9a"
 """Filled slots of a block that several sequences list (a shared prefix block)."""
@@ -214,10 +214,9 @@ def plot_paged_cache(cache, *, title: str | None = None, per_row: int = 8) -> Fi
     Raises ValueError if the cache's reference counts disagree with its block tables (each
     block's count should be the number of tables listing it). Chapter 9.
     """
-    for attribute in ("sequences", "allocator", "block_size"):
-        if not hasattr(cache, attribute):
-            raise TypeError(f"cache: expected a PagedKVCache (with .{attribute}), got "
-                            f"{type(cache).__name__}")
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache: expected a PagedKVCache (llmcore.paged), got "
+                        f"{type(cache).__name__}")
     tables, lengths = cache.block_tables()
     try:
         cache.check()
