@@ -105,6 +105,9 @@ def answer(path: Path) -> None:
                                                             "### END SOLUTION"))
             filled += 1
     assert filled, f"{path}: no answer cells to fill"
+    # where the kernel runs, printed for test_autograde_runs_in_the_sandbox
+    notebook.cells.insert(1, nbformat.v4.new_code_cell(
+        "import os\nprint('WHERE', os.getuid(), os.getcwd())"))
     nbformat.write(notebook, path)
 
 
@@ -175,6 +178,17 @@ def test_autograde_scores_the_answered_notebook_full_and_the_untouched_one_zero(
     max_score = result["alice"][1]
     assert max_score > 0
     assert result == {"alice": (max_score, max_score), "bob": (0, max_score)}, result
+
+
+def test_autograde_runs_in_the_sandbox(semester):
+    """Plain ``nbgrader autograde`` with the course's config runs each kernel in the sandbox."""
+    from course.grading import sandbox
+
+    autograded = semester["course"] / "autograded" / "alice" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    cells = nbformat.read(autograded, as_version=4).cells
+    printed = "".join(output.get("text", "") for cell in cells
+                      for output in cell.get("outputs", []))
+    assert f"WHERE {sandbox.SANDBOX_UID} {sandbox.SANDBOX_WORK}" in printed, printed
 
 
 def test_feedback_goes_back_to_each_student_alone(semester):
