@@ -61,6 +61,13 @@ ATTENTIONS = (*(f"aten.{op}" for op in sorted(FUSED_ATTENTION_OPS)), "llmcore.at
 """torch's fused attention (F.scaled_dot_product_attention, nn.MultiheadAttention's fast path),
 every llmcore function with attention in its name, and NumPy."""
 
+AUTOGRAD = ("autograd", "llmcore.backward", "llmcore.jacobian", "numpy")
+"""Every way to have a library differentiate for you: torch's autograd (``"autograd"``: any op
+run by the backward engine, which torch.autograd.grad, Tensor.backward, torch.func.grad/vjp/jacrev
+and torch.autograd.functional all reach; any op under forward-mode AD, as in torch.func.jvp/jacfwd;
+any aten op named ``*_backward*``, such as ``_softmax_backward_data`` called directly), llmcore's
+backward functions and its softmax Jacobian, and NumPy."""
+
 _EXEMPT_MODULES = ("llmcore.calls", "llmcore.testing", "llmcore.exercise")
 """llmcore modules whose functions a test may always call (they compare, they compute nothing)."""
 
@@ -86,34 +93,62 @@ class Policy:
     codes: frozenset = frozenset()
     callables: tuple[str, ...] = ()
     hint: str = ""
+    autograd: bool = False      # refuse autograd's work: backward engine, forward AD, *_backward*
 
     @classmethod
     def of(cls, targets: Sequence, hint: str = "") -> "Policy":
         """Parse ``forbid`` targets: ``"aten.NAME"``, ``"llmcore.WORD"``, ``"numpy"``, callables."""
         names = [t for t in targets if isinstance(t, str)]
-        unknown = [t for t in names if not (t.startswith(("aten.", "llmcore.")) or t == "numpy")]
+        unknown = [t for t in names if not (t.startswith(("aten.", "llmcore."))
+                                            or t in ("numpy", "autograd"))]
         if unknown:
-            raise ValueError(f"forbid: targets must be 'aten.OP', 'llmcore.WORD', 'numpy' or "
-                             f"callables, got {unknown}")
+            raise ValueError(f"forbid: targets must be 'aten.OP', 'llmcore.WORD', 'numpy', "
+                             f"'autograd' or callables, got {unknown}")
         callables = [t for t in targets if not isinstance(t, str)]
-        codes = [getattr(c, "__code__", None) for c in callables]
-        if None in codes:
-            raise ValueError(f"forbid: {callables[codes.index(None)]!r} is not a Python function")
+        codes = [code for c in callables for code in _codes_of(c)]
         return cls(ops=frozenset(t.split(".", 1)[1] for t in names if t.startswith("aten.")),
                    words=tuple(t.split(".", 1)[1] for t in names if t.startswith("llmcore.")),
                    numpy="numpy" in names, codes=frozenset(codes),
-                   callables=tuple(f"{c.__module__}.{c.__qualname__}" for c in callables),
-                   hint=hint)
+                   callables=tuple(getattr(c, "__qualname__", None) and
+                                   f"{c.__module__}.{c.__qualname__}" or c.__name__
+                                   for c in callables),
+                   hint=hint, autograd="autograd" in names)
 
     def describe(self) -> dict:
         """The policy as JSON-ready data (what a record states)."""
         return {"ops": sorted(f"aten.{op}" for op in self.ops), "llmcore": list(self.words),
-                "numpy": self.numpy, "callables": list(self.callables)}
+                "numpy": self.numpy, "callables": list(self.callables),
+                **({"autograd": True} if self.autograd else {})}
 
     def refusal(self, what: str) -> NotAllowedError:
         hint = f" {self.hint}" if self.hint else ""
         return NotAllowedError(f"{what} was used, but this exercise asks you to compute it "
                                f"yourself; the library's own version is not allowed here.{hint}")
+
+
+def _codes_of(target, depth: int = 0) -> list:
+    """The code objects a callable target stands for: a function's (or method's) own; every
+    function, method and property of a class; every function and class a module defines (not the
+    names it imports). ``forbid(llmcore.paged)`` refuses all of llmcore's paging code."""
+    if isinstance(target, (staticmethod, classmethod)):
+        target = target.__func__
+    if isinstance(target, property):
+        return [f.__code__ for f in (target.fget, target.fset, target.fdel) if f is not None]
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return [code]
+    if isinstance(target, (type, types.ModuleType)):
+        home = target.__name__ if isinstance(target, types.ModuleType) else target.__module__
+        members = [value for value in vars(target).values()
+                   if isinstance(value, (staticmethod, classmethod, property))
+                   or (isinstance(value, type) and depth < 2 or hasattr(value, "__code__"))
+                   and getattr(value, "__module__", None) == home]
+        source = getattr(sys.modules.get(home), "__file__", None)     # not generated, not wrapped
+        return [code for value in members for code in _codes_of(value, depth + 1)
+                if code.co_filename == source]
+    if depth == 0:
+        raise ValueError(f"forbid: {target!r} is not a Python function, class or module")
+    return []
 
 
 def _is_library_name(module: str, name: str, words: Sequence[str]) -> bool:
@@ -136,6 +171,22 @@ def _forbidden_frame(policy: Policy, frame) -> str | None:
             outermost = f"{module}.{getattr(code, 'co_qualname', code.co_name)}"
         frame = frame.f_back
     return outermost
+
+
+def _autograd_at_work(name: str) -> str | None:
+    """What of autograd an op is part of, or None: the backward engine running it (whatever
+    Python entry point started the engine), forward-mode AD (a dual level is open), or an aten
+    derivative kernel called by name (``aten._softmax_backward_data``)."""
+    if torch._C._current_graph_task_id() != -1:
+        return (f"torch's autograd (aten.{name} run by the backward pass, which "
+                "torch.autograd.grad, Tensor.backward, torch.func.grad/vjp and "
+                "torch.autograd.functional start)")
+    import torch.autograd.forward_ad as forward_ad
+    if forward_ad._current_level >= 0:
+        return f"torch's forward-mode autograd (aten.{name} under a dual level: torch.func.jvp)"
+    if "backward" in name:
+        return f"torch's derivative kernel aten.{name}"
+    return None
 
 
 def _storage_pointer(t: torch.Tensor) -> int:
@@ -165,6 +216,17 @@ def _product_size(name: str, args) -> tuple[int, int]:
         columns = b.shape[-2]                           # q (.., n, d) against k (.., m, d)
         return rows, 4 * rows * columns * a.shape[-1]   # q k^T and A v
     return rows, 2 * rows * columns * a.shape[-1]
+
+
+def _tensor_arguments(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, inside lists too (``cat`` takes a list)."""
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(t for t in a if isinstance(t, torch.Tensor))
+    return found
 
 
 @dataclass(frozen=True)
@@ -198,7 +260,9 @@ class OpRecorder(TorchDispatchMode):
     """Records every aten op reached inside the block and refuses what ``policy`` forbids.
 
     ops: op name -> count; products, flops: matrix-product ops and their FLOPs; calls: each op
-    (kept only when ``keep_calls``); violations: a sentence for each refusal. A refused op raises
+    (kept only when ``keep_calls``); violations: a sentence for each refusal; largest,
+    largest_shape, largest_op: the most elements of any tensor an op allocated (a result that is
+    not a view of one of its arguments), its shape and the op. A refused op raises
     :class:`NotAllowedError` (which the caller's code may catch: the violation stays recorded).
     """
 
@@ -210,10 +274,34 @@ class OpRecorder(TorchDispatchMode):
     calls: list = field(default_factory=list)
     violations: list = field(default_factory=list)
     produced: set = field(default_factory=set)      # storage pointers of every op's results
+    largest: int = 0                                # elements of the largest tensor allocated
+    largest_shape: tuple = ()
+    largest_op: str = ""
 
     def __post_init__(self):
         super().__init__()
         _warm_up()
+        self.profile_hook = self._profile_hook if self.policy.codes else None
+        self._outer_profile = []
+
+    def _profile_hook(self, frame, event, arg) -> None:
+        """With forbidden callables: every Python call, torch ops or not (an allocator's
+        bookkeeping reaches none), is checked against them. Records the refusal (raising in a
+        profile function would switch it off); the call then fails on its violations."""
+        if event == "call" and frame.f_code in self.policy.codes:
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            self.refuse(f"{frame.f_globals.get('__name__', '')}.{name}")
+
+    def __enter__(self):
+        if self.profile_hook is not None:
+            self._outer_profile.append(sys.getprofile())
+            sys.setprofile(self.profile_hook)
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if self.profile_hook is not None:
+            sys.setprofile(self._outer_profile.pop())
+        return super().__exit__(exc_type, exc_val, exc_tb)
 
     def refuse(self, what: str) -> NotAllowedError:
         error = self.policy.refusal(what)
@@ -233,6 +321,10 @@ class OpRecorder(TorchDispatchMode):
             raise self.refuse(f"torch's {name} (aten.{name}, which @, matmul, einsum, "
                               "torch.linalg and their aliases reach)" if name in PRODUCT_OPS
                               else f"torch's {name} (aten.{name})")
+        if self.policy.autograd:
+            running = _autograd_at_work(name)
+            if running is not None:
+                raise self.refuse(running)
         if self.policy.numpy and name in ("lift_fresh", "lift_fresh_copy", "lift"):
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if tensor is not None and not tensor.untyped_storage().resizable():
@@ -246,9 +338,16 @@ class OpRecorder(TorchDispatchMode):
             self.calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
                                         tuple(_storage_pointer(t) for t in tensors), rows))
         result = func(*args, **kwargs)
+        given = None
         for t in (result if isinstance(result, (tuple, list)) else (result,)):
             if isinstance(t, torch.Tensor):
                 self.produced.add(_storage_pointer(t))
+                if t.numel() > self.largest:
+                    if given is None:           # storages of the arguments: a view allocates none
+                        given = {_storage_pointer(a) for a in _tensor_arguments(args, kwargs)}
+                    if _storage_pointer(t) not in given or name.startswith("lift"):
+                        self.largest, self.largest_shape = t.numel(), tuple(t.shape)
+                        self.largest_op = f"aten.{name}"
         return result
 
 
@@ -388,7 +487,9 @@ def forbid(*targets: str | Callable, hint: str = "") -> Iterator[OpRecorder]:
       ``"llmcore.WORD"``  every llmcore function whose name contains WORD, called directly or
                           through any other function (the NumPy reference twins included);
       ``"numpy"``         every NumPy function, and tensors handed to or taken from NumPy;
-      a callable          that very function or method (for example ``Attention.forward``).
+      ``"autograd"``      every op autograd runs (backward engine, forward AD, ``*_backward*``);
+      a callable          that very function or method (for example ``Attention.forward``);
+                          a class or module: every function it defines (``llmcore.paged``).
     hint: a sentence added to the message, saying what to use instead.
 
     ``with forbid(*SOFTMAXES, hint="Use torch.exp, amax and sum."): got = softmax_rows(x)``.

@@ -23,7 +23,7 @@ from .calls import NotAllowedError, OpRecorder, Policy, blocked
 
 RECORD_MIME = "application/vnd.llmcore.record+json"
 RECORD_VERSION = 1
-OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio")
+OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements")
 
 
 def encode(value) -> dict:
@@ -49,6 +49,14 @@ def encode(value) -> dict:
     if isinstance(value, str):
         return {"value": value}
     return {"other": type(value).__name__}
+
+
+def too_large(elements: int, shape, op: str, limit: int) -> str:
+    """The sentence for a call that allocated a tensor of more than ``limit`` elements (the
+    grader says the same, course/grading/verdicts.py)."""
+    return (f"it allocated a {tuple(shape)} tensor ({elements} elements, made by {op}) where no "
+            f"tensor of more than {limit} elements is expected: hold one tile at a time, never the "
+            "whole matrix")
 
 
 def _digest_into(h, value) -> None:
@@ -128,6 +136,7 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
     and stand-ins: each must still be seen (True) or the learner's code switched a check off."""
     policy = recorder.policy
     counted = (recorder.ops.copy(), recorder.products, recorder.flops)
+    largest = (recorder.largest, recorder.largest_shape, recorder.largest_op)
     before = (recorder.ops["aten.mm"], recorder.products, len(recorder.violations))
     eye = torch.eye(2)
     refused = False
@@ -145,9 +154,21 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
                 forbid_ok = False
             except NotAllowedError:
                 pass
+    if policy.autograd:                     # a backward pass must still be refused
+        try:
+            with torch.inference_mode(False), torch.enable_grad():
+                leaf = eye.clone().requires_grad_()
+                torch.autograd.grad((leaf * leaf).sum(), leaf)
+            forbid_ok = False
+        except NotAllowedError:
+            pass
+        except Exception:                   # noqa: BLE001  (not refused: the check is off)
+            forbid_ok = False
     for stand_in_id, (owner, attr) in stand_ins.items():
         if id(getattr(owner, attr, None)) != stand_in_id:
             forbid_ok = False               # a refused name was put back during the call
+    if recorder.profile_hook is not None and sys.getprofile() is not recorder.profile_hook:
+        forbid_ok = False                   # the check of forbidden callables was switched off
     result["forbid"] = forbid_ok
     if policy.numpy:
         numpy = sys.modules.get("numpy")
@@ -162,6 +183,7 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
         result["numpy"] = ok
     del recorder.violations[before[2]:]     # the canaries' own work is not the learner's
     recorder.ops, recorder.products, recorder.flops = counted
+    recorder.largest, recorder.largest_shape, recorder.largest_op = largest
     return result
 
 
@@ -204,6 +226,8 @@ class Test:
                   "index": len(self.cases) - 1, "inputs": inputs, "output": output,
                   "ops": dict(sorted(recorder.ops.items())), "products": recorder.products,
                   "flops": recorder.flops, "views": views,
+                  "largest": {"elements": recorder.largest, "shape": list(recorder.largest_shape),
+                              "op": recorder.largest_op},
                   "violations": list(dict.fromkeys(recorder.violations)), "canaries": canaries,
                   "options": options, "policy": self.policy.describe()}
         from IPython.display import display
@@ -215,7 +239,8 @@ class Test:
         """Run ``fn(*args, **kwargs)`` under the policy; publish the record; return the result.
 
         Options (judged by the grader from the solution's record): rtol, atol, view_of,
-        max_products, max_flops_ratio; any other keyword goes to ``fn``.
+        max_products, max_flops_ratio, max_elements (no tensor allocated inside the call may
+        have more elements: work in tiles); any other keyword goes to ``fn``.
         """
         options = {k: v for k, v in options_and_kwargs.items() if k in OPTIONS}
         kwargs = {**{k: v for k, v in options_and_kwargs.items() if k not in OPTIONS},
@@ -234,6 +259,9 @@ class Test:
             raise error
         if recorder.violations:
             raise NotAllowedError(recorder.violations[0])
+        if "max_elements" in options and recorder.largest > options["max_elements"]:
+            raise AssertionError(too_large(recorder.largest, recorder.largest_shape,
+                                           recorder.largest_op, options["max_elements"]))
         return result
 
     def raises(self, expected: type[BaseException], fn: Callable, *args, case: str,

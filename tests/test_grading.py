@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -35,12 +37,24 @@ from llmcore.calls import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, for
 ROOT = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT = 10          # seconds; the submission that loops forever costs one of these
 
-_spec = importlib.util.spec_from_file_location("grading_mutants",
-                                               ROOT / "tests" / "grading" / "mutants.py")
-mutants = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = mutants          # dataclasses look their module up while building
-_spec.loader.exec_module(mutants)
-SUBMISSIONS = mutants.WRONG + mutants.BROKEN
+
+
+def _load(name: str, path: Path):
+    """Execute a test-data module under ``name``, afresh each time this file is loaded (a module
+    cached from an earlier load would hold other edit classes than _submission checks for)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module             # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+mutants = _load("grading_mutants", ROOT / "tests" / "grading" / "mutants.py")
+# Exercises 5-8 keep their wrong submissions in a module each, which imports grading_mutants.
+ASSIGNMENT_MUTANTS = [_load(f"grading_{path.stem}", path)
+                      for path in sorted((ROOT / "tests" / "grading").glob("mutants_*.py"))]
+SUBMISSIONS = mutants.WRONG + mutants.BROKEN + [sub for module in ASSIGNMENT_MUTANTS
+                                                for sub in module.WRONG]
 ASSIGNMENTS = mutants.ASSIGNMENTS
 
 
@@ -143,7 +157,13 @@ def test_solution_notebooks_are_well_formed(assignment):
     hidden = [c for c in tests if "### BEGIN HIDDEN TESTS" in c.source]
     visible = [c for c in tests if "### BEGIN HIDDEN TESTS" not in c.source]
     assert hidden and visible, "each assignment has visible tests to learn from and hidden ones"
-    assert "../../chapters/" in nb.cells[0].source, "the recap links to its chapter"
+    chapters = re.findall(r"\(\.\./\.\./(chapters/[\w.]+\.md)\)", nb.cells[0].source)
+    assert chapters, "the recap links to its chapter"
+    link = f"../exercises/{assignment}/{ASSIGNMENTS[assignment]}.ipynb"
+    for chapter in chapters:
+        text = (ROOT / chapter).read_text(encoding="utf-8")
+        assert "\n## Practise it\n" in text and link in text.split("\n## Practise it\n")[-1], \
+            f"{chapter} does not end with a link to {link} (its section 'Practise it')"
 
 
 def test_committed_exercises_equal_a_fresh_release(tmp_path):
@@ -292,6 +312,21 @@ def _cell_scores(gradebook: Path, student: str, assignment: str) -> dict[str, tu
     with Gradebook(f"sqlite:///{gradebook}") as gb:
         notebook = gb.find_submission_notebook(ASSIGNMENTS[assignment], assignment, student)
         return {g.name: (float(g.score), float(g.max_score)) for g in notebook.grades}
+
+
+GRADER_OUTPUTS = {"gradebook.db", "autograded", "feedback", "course_grades.csv"}
+"""What the grader writes in the course; everything else must be byte-identical afterwards."""
+
+
+def tree_hash(course: Path) -> dict[str, str]:
+    """Path -> sha256 of every file of the course except the grader's outputs."""
+    hashes = {}
+    for path in sorted(course.rglob("*")):
+        rel = path.relative_to(course)
+        if rel.parts[0] in GRADER_OUTPUTS or not path.is_file():
+            continue
+        hashes[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
 
 
 def _count_grades(gradebook: Path) -> int:

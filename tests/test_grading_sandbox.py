@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
-import hashlib
 import importlib.util
 import os
 import re
@@ -41,8 +40,6 @@ _spec.loader.exec_module(attacks)
 
 CELL_TIMEOUT = 10
 NOTEBOOK_TIMEOUT = 40
-OUTPUTS = {"gradebook.db", "autograded", "feedback", "course_grades.csv"}
-"""What the grader writes in the course; everything else must be byte-identical afterwards."""
 
 needs_sandbox = pytest.mark.skipif(sandbox.sandbox_problem() is not None,
                                    reason=f"no sandbox here: {sandbox.sandbox_problem()}")
@@ -224,17 +221,6 @@ def _printed(notebook: Path) -> str:
                    if out.get("output_type") == "stream")
 
 
-def _tree_hash(course: Path) -> dict[str, str]:
-    """Path -> sha256 of every file of the course except the grader's outputs."""
-    hashes = {}
-    for path in sorted(course.rglob("*")):
-        rel = path.relative_to(course)
-        if rel.parts[0] in OUTPUTS or not path.is_file():
-            continue
-        hashes[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return hashes
-
-
 def _new_course(tmp_path_factory, name: str) -> Path:
     course = tmp_path_factory.mktemp(name)
     shutil.copytree(ROOT / "solutions", course / "solutions")
@@ -261,7 +247,7 @@ def hostile(tmp_path_factory):
     (linked / "matmul.ipynb").symlink_to(course / "submitted" / "aa_honest" / "01_matmul" /
                                          "matmul.ipynb")
     (course / "submitted" / "links_folder").symlink_to(course / "submitted" / "aa_honest")
-    before = _tree_hash(course)
+    before = tg.tree_hash(course)
     run = grading.grade(course, timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT,
                         log=lambda message: print(message, flush=True))
     print(run.summary())
@@ -322,7 +308,7 @@ def test_every_probe_was_blocked(hostile):
 def test_the_course_is_unchanged_except_for_the_grader_outputs(hostile):
     course, token, before, _, _ = hostile
     time.sleep(5)
-    assert _tree_hash(course) == before
+    assert tg.tree_hash(course) == before
     assert not (course / "daemon_was_here").exists() and not (course / "planted.txt").exists()
     assert not _processes_with(token), "a daemon outlived its kernel"
 

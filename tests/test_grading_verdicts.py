@@ -65,6 +65,58 @@ def test_numpy_is_back_after_the_block():
     assert np.dot([1.0], [2.0]) == 2.0 and torch.ones(1).numpy()[0] == 1.0
 
 
+def test_a_forbidden_module_is_refused_even_where_it_reaches_no_torch_op():
+    import sys
+
+    import llmcore.paged
+    from llmcore.exercise import Test
+
+    class Mine(llmcore.paged.BlockAllocator):      # a subclass: the library's code still runs
+        pass
+
+    outer = sys.getprofile()
+    with forbid(llmcore.paged) as recorder:
+        Mine(3).allocate()                          # pure Python bookkeeping, no aten op
+    assert any("BlockAllocator.allocate" in v for v in recorder.violations)
+    assert sys.getprofile() is outer                # the hook is gone after the block
+    with forbid(llmcore.paged) as recorder:
+        [1, 2, 3].pop()                             # anything else is fine
+    assert not recorder.violations
+    assert Policy.of((llmcore.paged,)).describe()["callables"] == ["llmcore.paged"]
+    with pytest.raises(ValueError, match="not a Python function, class or module"):
+        Policy.of((3,))
+
+    def switches_it_off():
+        sys.setprofile(None)
+        return 1
+
+    recorder, _, _, canaries = Test("t", forbid=(llmcore.paged,))._run(switches_it_off, (), {})
+    assert canaries["forbid"] is False
+    sys.setprofile(outer)
+
+
+def test_the_recorder_keeps_the_largest_allocation_not_views():
+    x = torch.randn(4, 6)
+    with OpRecorder() as recorder:
+        x.t().expand(3, 6, 4)                   # views allocate nothing: (3, 6, 4) is not counted
+        y = x[:, :2] * 2                        # (4, 2)
+        y.mul_(3)                               # in place: nothing allocated
+        torch.cat([y, y])                       # (8, 2): the largest
+    assert (recorder.largest, recorder.largest_shape, recorder.largest_op) == \
+        (16, (8, 2), "aten.cat")
+
+
+def test_max_elements_fails_in_the_kernel_and_the_record_says_what_was_allocated(capsys):
+    from llmcore.exercise import Test
+    test = Test("test_x")
+    q, k = torch.randn(16, 4), torch.randn(16, 4)
+    got = test.call(lambda: q @ k[:4].t(), case="tile", max_elements=64)
+    assert got.shape == (16, 4) and test.last.largest == 64
+    with pytest.raises(AssertionError, match=r"a \(16, 16\) tensor \(256 elements, made by "
+                                             r"aten.mm\) where no tensor of more than 64"):
+        test.call(lambda: q @ k.t(), case="whole", max_elements=64)
+
+
 def _record(case="c", **changes) -> dict:
     record = {"version": 1, "cell": "test_x", "case": case, "index": 0, "inputs": "abc",
               "output": {"value": 3}, "ops": {"aten.add": 1}, "products": 0, "flops": 0,
@@ -100,6 +152,19 @@ def test_judge_passes_the_same_records_and_refuses_authoring_errors():
         judge("test_x", [], [_record()])
 
 
+def test_judge_refuses_an_allocation_above_max_elements():
+    options = {"rtol": 1e-5, "atol": 1e-6, "max_elements": 512}
+    want = _record(options=options, largest={"elements": 512, "shape": [64, 8], "op": "aten.mm"})
+    assert judge("test_x", [want], [want]) == Verdict(True)
+    whole = _record(options=options, largest={"elements": 4096, "shape": [64, 64],
+                                              "op": "aten.mm"})
+    verdict = judge("test_x", [want], [whole])
+    assert not verdict.passed and not verdict.tampering, verdict
+    assert "a (64, 64) tensor (4096 elements, made by aten.mm)" in verdict.reason
+    assert "more than 512 elements" in verdict.reason
+    assert judge("test_x", [want], [_record(options=options)]).tampering     # no "largest"
+
+
 def test_screen_flags_only_what_tampering_needs():
     honest = [mutants_source for mutants_source in (
         "def dot(a, b):\n    total = torch.zeros(())\n    for i in range(a.shape[0]):\n"
@@ -115,6 +180,9 @@ def test_screen_flags_only_what_tampering_needs():
     assert "a library's private part (`torch..._C`)" in \
         screen_source(["m = torch._C._pop_torch_dispatch_mode()"])
     assert screen_source(["class A:\n    def f(self):\n        return self._cache"]) == []
+    assert screen_source(["from concurrent.futures import ThreadPoolExecutor"]) == \
+        ["import of concurrent"]
+    assert "import of threading" in screen_source(["import threading"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,6 +240,7 @@ def graded(tmp_path_factory):
     for cheat in cheats.CHEATS:
         _submit(course, cheat.student, cheat.assignment,
                 _submission(cheat.assignment, answered=cheat.answered, edits=cheat.edits))
+    before = grading_tests.tree_hash(course)
     start = time.perf_counter()
     run = grading.grade(course, gradebook=course / "gradebook.db", timeout=CELL_TIMEOUT,
                         log=lambda message: print(message, flush=True))
@@ -179,7 +248,13 @@ def graded(tmp_path_factory):
     seconds = time.perf_counter() - start
     count = len(HONEST) * len(ASSIGNMENTS) + len(cheats.CHEATS)
     print(f"graded {count} notebooks in {seconds:.0f} s ({seconds / count:.1f} s each)")
-    return course, rows
+    return course, rows, before
+
+
+def test_cheats_leave_the_course_byte_identical(graded):
+    """Solutions, submissions and config unchanged: only the grader's outputs are new."""
+    course, _, before = graded
+    assert grading_tests.tree_hash(course) == before
 
 
 def _verdicts(course: Path, student: str, assignment: str) -> dict[str, dict]:
@@ -195,7 +270,7 @@ def _verdicts(course: Path, student: str, assignment: str) -> dict[str, dict]:
 @pytest.mark.parametrize("student", HONEST)
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_honest_students_keep_full_marks(graded, student, assignment):
-    course, rows = graded
+    course, rows, _ = graded
     row = grading_tests._row(rows, student, assignment)
     assert row.score == row.max_score > 0, row
     assert all(v.get("passed") for v in _verdicts(course, student, assignment).values())
@@ -204,7 +279,7 @@ def test_honest_students_keep_full_marks(graded, student, assignment):
 @pytest.mark.slow
 @pytest.mark.parametrize("cheat", cheats.CHEATS, ids=[c.student for c in cheats.CHEATS])
 def test_no_cheat_scores_above_its_honest_work(graded, cheat):
-    course, rows = graded
+    course, rows, _ = graded
     row = grading_tests._row(rows, cheat.student, cheat.assignment)
     if cheat.stops_grader:                # no autograded notebook: the whole submission is 0
         assert row.status.startswith("failed:") and row.score == cheat.score == 0, row

@@ -176,6 +176,17 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
             return Verdict(False, False, f"{where}: {flops} FLOPs of matrix products, "
                                          f"{flops / max(want['flops'], 1):.1f} times the "
                                          "expected work: is something computed again?")
+        if "max_elements" in options:
+            largest = have.get("largest")
+            if not isinstance(largest, dict) or not isinstance(largest.get("elements"), int) \
+                    or not isinstance(largest.get("shape"), list):
+                return Verdict(False, True, f"{where}: tampering detected: a malformed record")
+            if largest["elements"] > options["max_elements"]:
+                return Verdict(False, False, (
+                    f"{where}: it allocated a {tuple(largest['shape'])} tensor "
+                    f"({largest['elements']} elements, made by {largest.get('op')}) where no "
+                    f"tensor of more than {options['max_elements']} elements is expected: hold "
+                    "one tile at a time, never the whole matrix"))
         if "view_of" in options and not (have.get("views") and all(
                 v is True for v in have["views"])):
             return Verdict(False, False, f"{where}: the result is a copy, not a view of the input")
@@ -211,11 +222,13 @@ REFUSED_NAMES = frozenset({
     "exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
     "get_ipython", "builtins", "__builtins__", "importlib", "inspect", "ctypes", "gc", "types",
     "marshal", "IPython", "display", "exercise", "OpRecorder", "TorchDispatchMode",
-    "_python_dispatch", "TorchFunctionMode",
+    "_python_dispatch", "TorchFunctionMode", "threading", "_thread", "concurrent",
 })
 """Names the exercises' answers never need and tampering with the checks does: reflection,
-the interpreter's and IPython's internals, the checking harness, torch's dispatcher. (Files,
-processes and signals are the sandbox's business, not the screen's.)"""
+the interpreter's and IPython's internals, the checking harness, torch's dispatcher, Python
+threads (the op recorder watches the thread that runs the test: work on another thread would go
+unseen; torch's own intra-op threads are not Python threads). (Files, processes and signals are
+the sandbox's business, not the screen's.)"""
 
 REFUSED_STRINGS = ("exercise", "llmcore.calls", "vnd.llmcore", "_python_dispatch", "get_ipython")
 """Text that reaches the harness by name through a string (``sys.modules["llmcore.exercise"]``)."""

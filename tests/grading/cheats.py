@@ -168,6 +168,19 @@ exercise.Test.call = _forged
           score=7, failing=MATMUL_CELLS, honest=7,
           edits={"matmul": Replace(LIBRARY_MATMUL, "return torch.ops.aten.mm(a, b)")},
           reasons={"test_matmul_hidden": "aten.mm"}),
+    Cheat("thread_matmul", MATMUL,
+          "matmul by @ run in a thread of its own (the recorder watches the test's thread), "
+          "returned as a clone made on the test's thread (honest: 7)",
+          score=0, failing=ALL[MATMUL], honest=7,
+          reasons={"test_matmul": "tampering detected: your code uses"},
+          edits={"matmul": Replace(
+              LIBRARY_MATMUL,
+              "import threading\n"
+              "    box = []\n"
+              "    worker = threading.Thread(target=lambda: box.append(a @ b))\n"
+              "    worker.start()\n"
+              "    worker.join()\n"
+              "    return box[0].clone()")}),
     Cheat("linalg_matmul", MATMUL, "matmul by torch.linalg.matmul (honest: 7)",
           score=7, failing=MATMUL_CELLS, honest=7,
           edits={"matmul": Replace(LIBRARY_MATMUL, "return torch.linalg.matmul(a, b)")}),
