@@ -4,7 +4,9 @@ Each submission starts from a released notebook (exercises/), either untouched o
 answer cell filled from solutions/ (``answered``), and then applies cell-level edits, keyed by the
 cell's nbgrader grade_id. Each states the score it must get and exactly which test cells fail
 (every other test cell must pass); tests/test_grading.py submits them all under one class and
-grades them in one run, next to the solutions and the untouched releases.
+grades them in one run, next to the solutions and the untouched releases. The wrong submissions
+of exercises 5-8 live beside this file, one module per assignment (mutants_<notebook>.py, each a
+list WRONG of these Submissions).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ class Submission:
 
 
 ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead": "multihead",
-               "04_kv_cache": "kv_cache"}
+               "04_kv_cache": "kv_cache", "05_batching": "batching",
+               "06_paged_cache": "paged_cache", "07_tiled_attention": "tiled_attention",
+               "08_backward": "backward"}
 """Assignment folder -> its notebook's name (without .ipynb)."""
-MATMUL, ATTENTION, MULTIHEAD, KV_CACHE = ASSIGNMENTS
+MATMUL, ATTENTION, MULTIHEAD, KV_CACHE, *_ = ASSIGNMENTS       # 5-8: mutants_<notebook>.py
 
 
 WRONG = [
