@@ -1,7 +1,7 @@
 """Paged attention's KV cache: fixed-size blocks in one pool, a block table per sequence.
 
 A contiguous cache reserves room for the longest possible sequence up front; most of it is never
-used. Here each layer's K and V live in one pool of blocks of p token slots, (blocks, h_kv, p,
+used. Here each layer's K and V live in one pool of blocks of p token slots, (h_kv, blocks, p,
 d_head). A sequence owns a list of block ids, its block table; token t of the sequence sits in
 block table[t // p] at slot t % p. Blocks are handed out from a free list as sequences grow and
 returned when they finish, so the only unused reserved room is the unfilled tail of each
@@ -124,7 +124,10 @@ class SequenceBlocks:
 
 
 class PagedKVCache:
-    """Per layer, K and V pools of shape (num_blocks, h_kv, p, d_head), shared by all sequences.
+    """Per layer, K and V pools of shape (h_kv, num_blocks, p, d_head), shared by all sequences.
+
+    Head first: within a head, the slots of a block, and of a run of adjacent blocks, lie end to
+    end, so a sequence whose blocks are adjacent is read as a view of the pool, without a copy.
 
     Sequences are named by any hashable id: ``add_sequence``, ``fork``, ``free_sequence``.
     ``cache.batch([id, ...])`` is what the model takes as its cache for one forward call over
@@ -138,7 +141,7 @@ class PagedKVCache:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.n_layers, self.n_kv_heads, self.d_head = n_layers, n_kv_heads, d_head
         self.block_size, self.max_seq_len = block_size, max_seq_len
-        shape = (num_blocks, n_kv_heads, block_size, d_head)
+        shape = (n_kv_heads, num_blocks, block_size, d_head)
         self.key_pools = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.value_pools = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
         self.allocator = BlockAllocator(num_blocks)
@@ -264,7 +267,7 @@ class PagedKVCache:
                 self.allocator.ref_counts[seq.blocks[-1]] > 1:
             old, new = seq.blocks[-1], self.allocator.allocate()
             for pool in (*self.key_pools, *self.value_pools):
-                pool[new] = pool[old]
+                pool[:, new] = pool[:, old]
             self.allocator.free(old)                     # one reference fewer on the shared one
             seq.blocks[-1] = new
             self.copy_on_write_count += 1
@@ -299,11 +302,13 @@ class PagedKVCache:
                                                          self.d_head, element)
 
 
-GROUP_COST_SLOTS = 256
+GROUP_COST_SLOTS = 0
 """What one more length group is charged, counted in key slots: it stands for the fixed cost of
-one more gather and attention call (a few small torch calls). A setting, not a measurement:
-with it, sequences within a few hundred tokens of each other share a group. Each cache can set
-its own (``PagedKVCache.group_cost``); Chapter 9 measures one group against several."""
+one more attention call (a few small torch calls). A setting, not a measurement. 0, the default,
+puts every sequence in a group of its own, read as a view of the pool when its blocks are
+adjacent (no copy at all); a larger cost merges sequences of similar length into groups that are
+gathered (copied) and padded to their longest. Each cache can set its own
+(``PagedKVCache.group_cost``); Chapter 9 measures the choices side by side."""
 
 
 def length_groups(ends: Sequence[int], *,
@@ -315,7 +320,10 @@ def length_groups(ends: Sequence[int], *,
     sequences; the split minimises the slots gathered, sum over groups of (size x longest), plus
     ``group_cost`` per group (default :data:`GROUP_COST_SLOTS`), by dynamic programming over the
     b sorted lengths (O(b^2)).
-    One group is the plain gather to the batch's longest length. Chapter 9.
+    One group is the plain gather to the batch's longest length; with ``group_cost`` 0 every
+    sequence is a group of its own (on a tie the smaller last group wins), which
+    :meth:`PagedBatch.attend` reads without padding, as a view where its blocks are adjacent.
+    Chapter 9.
     """
     group_cost = GROUP_COST_SLOTS if group_cost is None else group_cost
     order = sorted(range(len(ends)), key=lambda i: ends[i])
@@ -325,7 +333,7 @@ def length_groups(ends: Sequence[int], *,
     for j in range(1, len(ends) + 1):
         for i in range(j):                       # last group = sorted rows i .. j-1
             cost = best[i] + (j - i) * sorted_ends[j - 1] + group_cost
-            if cost < best[j]:
+            if cost <= best[j]:                  # a tie: the smaller last group
                 best[j], cut[j] = cost, i
     groups, j = [], len(ends)
     while j > 0:
@@ -336,11 +344,22 @@ def length_groups(ends: Sequence[int], *,
 
 @dataclass(frozen=True)
 class LengthGroup:
-    """Batch rows (g,) long, their block tables (g, blocks) and m, the longest key count."""
+    """Batch rows (g,) long, their block tables (g, blocks) and m, the longest key count. A group
+    of one sequence also has its batch row and its run: (first block, count) when its blocks are
+    adjacent in the pool (read as a view), else its block ids (t,) (gathered)."""
 
     rows: Tensor
     tables: Tensor
     m: int
+    row: int | None = None
+    run: tuple[int, int] | Tensor | None = None
+
+
+def block_run(blocks: Sequence[int]) -> tuple[int, int] | None:
+    """(first, count) if the block ids are first, first + 1, ..., first + count - 1, else None."""
+    first = blocks[0]
+    return (first, len(blocks)) if list(blocks) == list(range(first, first + len(blocks))) \
+        else None
 
 
 class PagedBatch:
@@ -393,10 +412,14 @@ class PagedBatch:
         tables = torch.tensor([seq.blocks + [0] * (widest - len(seq.blocks)) for seq in seqs],
                               device=device)                      # (b, blocks); 0 pads, masked
         lengths = [seq.length for seq in seqs]
-        groups = [LengthGroup(torch.tensor(rows, device=device), tables[rows], ends)
-                  for rows, ends in length_groups([t + n for t in lengths],
-                                                  group_cost=cache.group_cost)] \
-            if len(seqs) > 1 else []
+        groups = []
+        for rows, m in length_groups([t + n for t in lengths], group_cost=cache.group_cost):
+            row = run = None
+            if len(rows) == 1:                     # one sequence: its own blocks, no padding
+                row, blocks = rows[0], seqs[rows[0]].blocks
+                run = block_run(blocks) or torch.tensor(blocks, device=device)
+            groups.append(LengthGroup(torch.tensor(rows, device=device), tables[rows], m, row,
+                                      run))
         self._pending = (write_blocks, write_slots, tables, max(lengths) + n, groups)
         return ragged_layout(lengths, n, device)
 
@@ -413,7 +436,7 @@ class PagedBatch:
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new rows k, v: (b, h_kv, n, d_head) into their slots; return this layer's
-        pools (blocks, h_kv, p, d_head)."""
+        pools (h_kv, blocks, p, d_head)."""
         write_blocks, write_slots = self._pending[:2]
         cache = self.cache
         key_pool, value_pool = cache.key_pools[layer], cache.value_pools[layer]
@@ -421,35 +444,53 @@ class PagedBatch:
         b = len(self.seq_ids)
         sizes = check_shape("k", k, (b, cache.n_kv_heads, "n", cache.d_head))
         check_shape("v", v, (b, cache.n_kv_heads, "n", cache.d_head), **sizes)
-        key_pool[write_blocks, :, write_slots] = k.transpose(1, 2)      # (b, n, h_kv, d_head)
-        value_pool[write_blocks, :, write_slots] = v.transpose(1, 2)
+        key_pool[:, write_blocks, write_slots] = k.transpose(0, 1)      # (h_kv, b, n, d_head)
+        value_pool[:, write_blocks, write_slots] = v.transpose(0, 1)
         return key_pool, value_pool
 
     @staticmethod
     def gather_blocks(pool: Tensor, tables: Tensor, m: int) -> Tensor:
-        """pool: (blocks, h_kv, p, d_head)   tables: (b, t) block ids   ->   (b, h_kv, m, d_head):
-        each sequence's blocks, read in table order and laid end to end. The head axis moves
-        first (a view), so the indexing writes each head's slots end to end: one copy, not two;
-        the result is a strided view of it."""
-        blocks = pool.transpose(0, 1)[:, tables]               # (h_kv, b, t, p, d_head): a copy
-        h_kv, b, count, p, d_head = blocks.shape
-        rows = blocks.view(h_kv, b, count * p, d_head).transpose(0, 1)   # (b, h_kv, t p, d_head)
-        return rows[:, :, :m]                                  # (b, h_kv, m, d_head)
+        """pool: (h_kv, blocks, p, d_head)   tables: (b, t) block ids   ->   (b, h_kv, m, d_head):
+        each sequence's blocks, read in table order and laid end to end. The indexing is the one
+        copy: it writes each head's slots end to end, so merging blocks and slots and moving the
+        batch axis first are views."""
+        blocks = pool[:, tables]                         # (h_kv, b, t, p, d_head): a copy
+        return blocks.flatten(2, 3)[:, :, :m].transpose(0, 1)   # (b, h_kv, m, d_head): views
+
+    @staticmethod
+    def sequence_rows(pool: Tensor, run: tuple[int, int] | Tensor, m: int) -> Tensor:
+        """One sequence's keys (or values) -> (1, h_kv, m, d_head). run: (first, count) when its
+        blocks are adjacent in the pool, read as a view of it (no copy); else its block ids (t,),
+        gathered (a copy of its own blocks only, no padding). pool: (h_kv, blocks, p, d_head)."""
+        if isinstance(run, tuple):
+            first, count = run
+            blocks = pool[:, first:first + count]            # (h_kv, t, p, d_head): a view
+        else:
+            blocks = pool.index_select(1, run)               # (h_kv, t, p, d_head): a copy
+        return blocks.flatten(1, 2)[:, :m].unsqueeze(0)      # (1, h_kv, m, d_head): a view
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
                backend: str = "explicit") -> Tensor:
         """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head).
 
-        Sequences of similar length are attended together (:func:`length_groups`): each group's
-        blocks are gathered only up to its own longest sequence, not the batch's."""
+        Sequences are attended in groups of similar length (:func:`length_groups`). A group of
+        one sequence reads its own blocks: a view of the pool when they are adjacent
+        (:meth:`sequence_rows`), so no copy; a larger group gathers its blocks up to its own
+        longest sequence, not the batch's, and masks each sequence's extra slots."""
         if self._pending is None:
             raise RuntimeError("attend() before prepare(): the model calls prepare first")
         groups = self._pending[4]
-        if len(groups) <= 1:                                  # one group: gather to the longest
+        if len(groups) == 1 and groups[0].run is None:       # one group: gather to the longest
             return attend_after_update(self, layer, q, k, v, layout, backend)
         key_pool, value_pool = self.write(layer, k, v)
         out = torch.empty_like(q)                                         # (b, h, n, d_head)
         for group in groups:
+            if group.run is not None:                     # one sequence: its m_g keys, no mask
+                i, run, m = group.row, group.run, group.m
+                keys = self.sequence_rows(key_pool, run, m)               # (1, h_kv, m_g, d_head)
+                values = self.sequence_rows(value_pool, run, m)
+                out[i:i + 1] = attention(q[i:i + 1], keys, values, causal=True, backend=backend)
+                continue
             keys = self.gather_blocks(key_pool, group.tables, group.m)    # (b_g, h_kv, m_g, d_head)
             values = self.gather_blocks(value_pool, group.tables, group.m)
             mask = None if layout.mask is None else layout.mask[group.rows, ..., :group.m]

@@ -127,7 +127,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     query tile's future are skipped, not computed and masked. mask: bool, broadcastable to
     (..., h, n, m), True where a query may attend to a key. Queries that may see no key get zeros.
     block_q, block_k: tile sizes; need not divide n or m. The largest intermediate is one
-    (..., h, block_q, block_k) score tile plus (..., h, block_q, d_head) accumulators.
+    (..., h, block_q, block_k) score tile (its weights overwrite it); the running output of a
+    query tile is accumulated in place in its rows of the output, so it costs no buffer.
     Follows the inputs' device and dtype. Chapter 10.
     """
     group = check_attention_inputs(q, k, v, mask)
@@ -142,15 +143,14 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         k, v = k.unsqueeze(-3), v.unsqueeze(-3)                      # (..., h_kv, 1, m, d_head)
         if allowed is not None:
             allowed = allowed.unflatten(-3, (k.shape[-4], group))    # (..., h_kv, g, n, m)
-    scale = math.sqrt(d_head)
     offset = m - n                                                   # query i is token i + offset
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)       # (..., n, d_head)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_tile = q[..., i0:i1, :] / scale          # (..., tq, d_head): scaled once, not per tile
+        q_tile = q[..., i0:i1, :] / math.sqrt(d_head)   # (..., tq, d_head): scaled once per tile
         running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF, dtype=q.dtype, device=q.device)
         running_sum = torch.zeros_like(running_max)                  # (..., tq, 1)
-        acc = torch.zeros_like(q_tile)                               # (..., tq, d_head)
+        acc = out[..., i0:i1, :].zero_()          # (..., tq, d_head): accumulated in the output
         key_end = min(m, i1 + offset) if causal else m               # last visible key + 1
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, m)
@@ -163,7 +163,6 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                 scores.masked_fill_(~allowed[..., i0:i1, j0:j1], NEG_INF)
             running_max, running_sum, rescale, weights = online_softmax_step(
                 running_max, running_sum, scores, inplace=True)     # weights overwrite scores
-            acc = acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])  # (..., tq, d_head)
-        total = torch.where(running_sum > 0, running_sum, torch.ones_like(running_sum))
-        out[..., i0:i1, :] = acc / total                             # unseen rows: 0 / 1 = 0
+            acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])        # (..., tq, d_head)
+        acc.div_(running_sum.clamp(min=torch.finfo(q.dtype).tiny))   # unseen rows: 0 / tiny = 0
     return out.flatten(-4, -3) if group > 1 else out

@@ -35,7 +35,7 @@ from llmcore.fastpath import FastGPT, StaticCache, generate_fast
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache
 from llmcore.model import GPT, GPTConfig
-from llmcore.paged import PagedKVCache
+from llmcore.paged import PagedKVCache, block_run
 from llmcore.peak_memory import peak_memory
 from llmcore.prefix import SharedPrefixCache
 from llmcore.tiled import tiled_attention
@@ -275,12 +275,15 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
         model(ids[i:i + 1, high - n:], paged.batch([i]), backend="fused")
     step = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(model.device)
     out.write(f"\none decode step, {b} sequences of {min(lengths)}-{max(lengths)} cached tokens "
-              f"(mean {sum(lengths) / b:.0f}); contiguous: one left-padded cache of "
-              f"{high}; paged: blocks of {p}, attended in length groups\n")
+              f"(mean {sum(lengths) / b:.0f}), torch threads {torch.get_num_threads()}; "
+              f"contiguous: one left-padded cache of {high}, attention over all {high + 1} "
+              f"slots with a padding mask; paged: blocks of {p}, each sequence attended alone "
+              f"over its own blocks\n")
     for backend in ("fused", "explicit"):
         want = model(step, contiguous, backend=backend)
         contiguous.truncate(high)
         got = model(step, paged.batch(range(b)), backend=backend)
+        views = sum(block_run(table) is not None for table in paged.block_tables()[0].values())
         for i, n in enumerate(lengths):
             paged.truncate(i, n)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -297,7 +300,8 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
         t_contiguous = best_time(contiguous_step, sizes=sizes)
         t_paged = best_time(paged_step, sizes=sizes)
         out.write(f"  backend {backend!r}: contiguous {format_seconds(t_contiguous)}, "
-                  f"paged {format_seconds(t_paged)} (same logits)\n")
+                  f"paged {format_seconds(t_paged)} (same logits; {views} of {b} sequences' "
+                  f"blocks adjacent, read as views of the pool, the others gathered)\n")
         write_ratio(out, f"mixed lengths, paged / contiguous decode step time ({backend})",
                     t_paged / t_contiguous,
                     at_most=PAGED_VS_CONTIGUOUS_AT_MOST if backend == "fused" else None,
@@ -344,9 +348,9 @@ def shared_prefix(out: TextIO, model: GPT, sizes: Sizes, checked: bool) -> None:
 def attention_direct(out: TextIO, sizes: Sizes, device: torch.device, checked: bool) -> None:
     h, d_head = sizes.attention_heads, 64
     g = torch.Generator().manual_seed(5)
-    out.write(f"\ncausal attention, q, k, v: (1, {h}, n, {d_head}) float32, best of 3 each; "
-              "'SDPA' is torch.nn.functional.scaled_dot_product_attention(is_causal=True) called "
-              "directly\n")
+    out.write(f"\ncausal attention, q, k, v: (1, {h}, n, {d_head}) float32, best of 3 each, torch "
+              f"threads {torch.get_num_threads()}; 'SDPA' is "
+              "torch.nn.functional.scaled_dot_product_attention(is_causal=True) called directly\n")
     for n in sizes.explicit_ns:
         q, k, v = (torch.randn(1, h, n, d_head, generator=g).to(device) for _ in range(3))
         explicit = best_time(attention, q, k, v, causal=True, sizes=sizes)
