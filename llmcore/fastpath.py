@@ -68,6 +68,24 @@ class FastGPT:
                         b.ffn.w_up, b.ffn.b_up, b.ffn.w_down, b.ffn.b_down)
                        for b in model.blocks]
         self.block = torch.compile(self._block, dynamic=True) if compile else self._block
+        self._head: Tensor | None = None
+        self._head_version = -1
+
+    def output_weight(self) -> Tensor:
+        """The tied output projection as a (d, v) contiguous matrix: logits = x @ it.
+
+        The model stores it as the embedding, (v, d), so ``F.linear(x, embedding)`` computes each
+        logit as a dot product along a row; for one token (a matrix-vector product) this CPU
+        streams that layout at about half the speed of x @ W with W (d, v) contiguous (GPT-2
+        small's 154 MB head: 11.3 ms against 6.3 ms). The fast path keeps that one transposed
+        copy (v d more numbers), made again whenever the embedding changes (its version
+        counter: training steps and in-place edits bump it). Chapter 7 (the fast path).
+        """
+        embedding = self.model.token_embedding
+        if self._head is None or self._head_version != embedding._version:
+            self._head = embedding.detach().t().contiguous()
+            self._head_version = embedding._version
+        return self._head
 
     def _block(self, x: Tensor, weights: tuple, keys: Tensor, values: Tensor, start: int,
                mask: Tensor | None) -> Tensor:
@@ -103,7 +121,7 @@ class FastGPT:
         cache.length = start + tokens.shape[1]
         last = F.layer_norm(x[:, -1], (self.config.d_model,), model.ln_f.scale, model.ln_f.shift,
                             self.eps)                                            # (b, d)
-        return F.linear(last, model.token_embedding)                             # (b, v)
+        return last @ self.output_weight()                                       # (b, v)
 
 
 def _prompt_masks(attention_mask: Tensor, capacity: int) -> tuple[Tensor, Tensor, Tensor]:

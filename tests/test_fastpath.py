@@ -44,6 +44,23 @@ def test_step_logits_equal_the_teaching_forward_with_a_cache(config, device):
     assert cache.length == teaching.length == 12
 
 
+def test_the_output_projection_follows_the_embedding_when_it_changes(device):
+    model = randomize(GPT(TINY), seed=5).to(device).eval()
+    fast = FastGPT(model)
+    head = fast.output_weight()
+    assert head.shape == (TINY.d_model, TINY.vocab_size) and head.is_contiguous()
+    assert torch.equal(head, model.token_embedding.t())
+    assert fast.output_weight() is head                       # kept while nothing changes
+    prompt = token_ids(TINY, 2, 5).to(device)
+    positions = torch.arange(5, device=device).expand(2, 5)
+    with torch.no_grad():
+        model.token_embedding.mul_(1.5)                        # an in-place edit, as a training step
+        got = fast.step(prompt, positions, StaticCache(model, 2, 5), None)
+        want = model(prompt, KVCache.for_model(model, 2), last_only=True)[:, -1]
+    assert torch.equal(fast.output_weight(), model.token_embedding.t())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("b", [1, 16])
 @pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
 def test_greedy_tokens_equal_the_teaching_path(config, b, device):
