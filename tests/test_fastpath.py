@@ -51,6 +51,7 @@ def test_the_output_projection_follows_the_embedding_when_it_changes(device):
     assert head.shape == (TINY.d_model, TINY.vocab_size) and head.is_contiguous()
     assert torch.equal(head, model.token_embedding.t())
     assert fast.output_weight() is head                       # kept while nothing changes
+    assert FastGPT(model).output_weight() is head             # with the model, across calls
     prompt = token_ids(TINY, 2, 5).to(device)
     positions = torch.arange(5, device=device).expand(2, 5)
     with torch.no_grad():
