@@ -59,16 +59,51 @@ class StaticCache:
         self.length = 0
 
 
+_MATRICES = (2, 4, 8, 10)
+"""Positions of W_qkv, W_o, W_up and W_down in a block's weight tuple (FastGPT.blocks)."""
+
+
+def packed_linear_available(model) -> bool:
+    """Whether the fast path can use oneDNN's prepacked matrix products for ``model``: a CPU
+    float32 model and a torch built with oneDNN (mkldnn)."""
+    w = model.token_embedding
+    return (w.device.type == "cpu" and w.dtype == torch.float32
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def _pack(weight: Tensor, batch_size: int, *, transposed: bool = True) -> Tensor:
+    """weight (d_in, d_out) (or (d_out, d_in) when not transposed) in oneDNN's blocked layout for
+    products with about batch_size rows: an opaque tensor only :func:`_packed_linear` reads."""
+    w = weight.detach()
+    return torch.ops.mkldnn._reorder_linear_weight(w.t() if transposed else w, batch_size)
+
+
+def _addmm_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """x (rows, d_in) @ w (d_in, d_out) + b: one torch.addmm."""
+    return torch.addmm(b, x, w)
+
+
+def _packed_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """The same product with w prepacked by :func:`_pack` (oneDNN's kernel)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
 class FastGPT:
     """A GPT's weights arranged for inference, and its forward step without per-step checks.
 
     model: a :class:`llmcore.model.GPT`. The weights are the model's own tensors (no copy), so
     the fast path always sees the model's current parameters; only the output projection is read
-    from a transposed copy that follows the embedding (:meth:`output_weight`). ``compile=True`` runs each block
-    through ``torch.compile`` (the first calls pay for compilation). Chapter 7 (the fast path).
+    from a transposed copy that follows the embedding (:meth:`output_weight`). ``compile=True``
+    runs each block through ``torch.compile`` (the first calls pay for compilation).
+    batch_size: the rows of a decode step. From 2 rows on, a CPU float32 model's products run on
+    oneDNN's prepacked copies of the four matrices of each block and of the output projection
+    (``self.packed``; made here, so they hold the weights of this moment: build a new FastGPT
+    after changing the model, as :func:`generate_fast` does on every call). For one row the
+    plain ``addmm`` reads the weights faster. Chapter 7 (the fast path).
     """
 
-    def __init__(self, model, *, compile: bool = False):
+    def __init__(self, model, *, compile: bool = False, batch_size: int = 1):
         c = model.config
         self.model, self.config = model, c
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
@@ -78,6 +113,14 @@ class FastGPT:
                         b.attention.w_o, b.attention.b_o, b.ln_2.scale, b.ln_2.shift,
                         b.ffn.w_up, b.ffn.b_up, b.ffn.w_down, b.ffn.b_down)
                        for b in model.blocks]
+        self.packed = not compile and batch_size >= 2 and packed_linear_available(model)
+        self.linear = _packed_linear if self.packed else _addmm_linear
+        self.head = None
+        if self.packed:           # oneDNN's blocked copies, made once per call of generate_fast
+            with torch.inference_mode(False):
+                self.blocks = [tuple(_pack(t, batch_size) if i in _MATRICES else t
+                                     for i, t in enumerate(weights)) for weights in self.blocks]
+                self.head = _pack(model.token_embedding, batch_size, transposed=False)
         self.block = torch.compile(self._block, dynamic=True) if compile else self._block
 
     def output_weight(self) -> Tensor:
@@ -109,7 +152,7 @@ class FastGPT:
         ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_up, b_up, w_down, b_down = weights
         b, n, d = x.shape
         rows = x.view(b * n, d)
-        qkv = torch.addmm(b_qkv, F.layer_norm(rows, (d,), ln1_w, ln1_b, self.eps), w_qkv)
+        qkv = self.linear(F.layer_norm(rows, (d,), ln1_w, ln1_b, self.eps), w_qkv, b_qkv)
         qkv = qkv.view(b, n, self.h + 2 * self.h_kv, self.d_head).transpose(1, 2)
         q, k, v = qkv.split((self.h, self.h_kv, self.h_kv), dim=1)       # (b, h(_kv), n, d_head)
         end = start + n
@@ -118,10 +161,10 @@ class FastGPT:
         out = F.scaled_dot_product_attention(
             q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
             is_causal=mask is None and start == 0 and n > 1, enable_gqa=self.group > 1)
-        rows = rows.addmm(out.transpose(1, 2).reshape(b * n, d), w_o).add_(b_o)   # residual
-        hidden = F.gelu(torch.addmm(b_up, F.layer_norm(rows, (d,), ln2_w, ln2_b, self.eps),
-                                    w_up), approximate="tanh")                   # (b n, f)
-        return rows.addmm_(hidden, w_down).add_(b_down).view(b, n, d)
+        rows = self.linear(out.transpose(1, 2).reshape(b * n, d), w_o, b_o).add_(rows)
+        hidden = F.gelu(self.linear(F.layer_norm(rows, (d,), ln2_w, ln2_b, self.eps), w_up, b_up),
+                        approximate="tanh")                                      # (b n, f)
+        return self.linear(hidden, w_down, b_down).add_(rows).view(b, n, d)      # residual
 
     def step(self, tokens: Tensor, positions: Tensor, cache: StaticCache,
              mask: Tensor | None) -> Tensor:
@@ -135,6 +178,8 @@ class FastGPT:
         cache.length = start + tokens.shape[1]
         last = F.layer_norm(x[:, -1], (self.config.d_model,), model.ln_f.scale, model.ln_f.shift,
                             self.eps)                                            # (b, d)
+        if self.head is not None:
+            return torch.ops.mkldnn._linear_pointwise(last, self.head, None, "none", [], "")
         return last @ self.output_weight()                                       # (b, v)
 
 
@@ -178,7 +223,7 @@ def generate_fast(model, prompt_ids: Tensor, max_new_tokens: int, *, temperature
         attention_mask = None                       # no padding: the plain causal rule
     generators = _generators(seed, b, tokens.device)
     generator = generators[0] if generators is not None and isinstance(seed, int) else generators
-    fast = FastGPT(model) if fast_model is None else fast_model
+    fast = FastGPT(model, batch_size=b) if fast_model is None else fast_model
     if fast.model is not model:
         raise ValueError("fast_model was built from another model")
     total = n + max_new_tokens

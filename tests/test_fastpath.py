@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY, TINY_GQA
 from llmcore import generate
-from llmcore.fastpath import FastGPT, StaticCache, generate_fast
+from llmcore.fastpath import FastGPT, StaticCache, generate_fast, packed_linear_available
 from llmcore.kvcache import KVCache
 from llmcore.model import GPT
 from test_model import randomize, token_ids
@@ -55,11 +55,31 @@ def test_the_output_projection_follows_the_embedding_when_it_changes(device):
     prompt = token_ids(TINY, 2, 5).to(device)
     positions = torch.arange(5, device=device).expand(2, 5)
     with torch.no_grad():
-        model.token_embedding.mul_(1.5)                        # an in-place edit, as a training step
+        model.token_embedding.mul_(1.5)                 # an in-place edit, as a training step
         got = fast.step(prompt, positions, StaticCache(model, 2, 5), None)
         want = model(prompt, KVCache.for_model(model, 2), last_only=True)[:, -1]
     assert torch.equal(fast.output_weight(), model.token_embedding.t())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
+def test_prepacked_products_for_batches_give_the_plain_fast_path_logits(config):
+    model = randomize(GPT(config), seed=6).eval()
+    if not packed_linear_available(model):
+        pytest.skip("this torch has no oneDNN (mkldnn) CPU kernels")
+    packed, plain = FastGPT(model, batch_size=4), FastGPT(model)
+    assert packed.packed and not plain.packed and not FastGPT(model, batch_size=1).packed
+    assert not packed_linear_available(GPT(config, dtype=torch.float64))
+    assert not packed_linear_available(GPT(config, device="meta"))
+    prompt = token_ids(config, 4, 6)
+    positions = torch.arange(8).expand(4, 8)
+    with torch.inference_mode():
+        caches = StaticCache(model, 4, 8), StaticCache(model, 4, 8)
+        for t in (slice(0, 6), slice(6, 7), slice(7, 8)):
+            tokens = prompt if t.start == 0 else got.argmax(dim=-1, keepdim=True)
+            got = packed.step(tokens, positions[:, t], caches[0], None)
+            want = plain.step(tokens, positions[:, t], caches[1], None)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("b", [1, 16])
