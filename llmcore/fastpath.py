@@ -38,11 +38,6 @@ OUTPUT_WEIGHT_ATTRIBUTE = "_fast_output_weight"
 embedding it was made from (:meth:`FastGPT.output_weight`)."""
 
 
-def _storage_pointer(t: Tensor) -> int:
-    """Where t's memory starts (0 on the meta device, which has none)."""
-    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
-
-
 class StaticCache:
     """K and V of every layer in two tensors (L, b, h_kv, capacity, d_head), allocated once.
 
@@ -84,7 +79,7 @@ def _addmm_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     return torch.addmm(b, x, w)
 
 
-def _packed_linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+def _packed_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """The same product with w prepacked by :func:`_pack` (oneDNN's kernel)."""
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
@@ -136,7 +131,7 @@ class FastGPT:
         steps, in-place edits and ``.to()`` all change one). Chapter 7 (the fast path).
         """
         embedding = self.model.token_embedding
-        key = (embedding._version, _storage_pointer(embedding), embedding.dtype, embedding.device)
+        key = (embedding._version, embedding.data_ptr(), embedding.dtype, embedding.device)
         cached = getattr(self.model, OUTPUT_WEIGHT_ATTRIBUTE, None)
         if cached is None or cached[0] != key:
             with torch.inference_mode(False):           # a normal tensor, usable in any mode
@@ -179,7 +174,7 @@ class FastGPT:
         last = F.layer_norm(x[:, -1], (self.config.d_model,), model.ln_f.scale, model.ln_f.shift,
                             self.eps)                                            # (b, d)
         if self.head is not None:
-            return torch.ops.mkldnn._linear_pointwise(last, self.head, None, "none", [], "")
+            return _packed_linear(last, self.head, None)                         # (b, v)
         return last @ self.output_weight()                                       # (b, v)
 
 

@@ -143,11 +143,12 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         k, v = k.unsqueeze(-3), v.unsqueeze(-3)                      # (..., h_kv, 1, m, d_head)
         if allowed is not None:
             allowed = allowed.unflatten(-3, (k.shape[-4], group))    # (..., h_kv, g, n, m)
+    scale = math.sqrt(d_head)
     offset = m - n                                                   # query i is token i + offset
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)       # (..., n, d_head)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_tile = q[..., i0:i1, :] / math.sqrt(d_head)   # (..., tq, d_head): scaled once per tile
+        q_tile = q[..., i0:i1, :] / scale          # (..., tq, d_head): scaled once, not per tile
         running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF, dtype=q.dtype, device=q.device)
         running_sum = torch.zeros_like(running_max)                  # (..., tq, 1)
         acc = out[..., i0:i1, :].zero_()          # (..., tq, d_head): accumulated in the output
