@@ -1,7 +1,7 @@
 """What an exercise's test cell uses: run the learner's function and publish what it did.
 
 A test cell makes a :class:`Test` and runs each case through :meth:`Test.call` (or
-:meth:`Test.raises`): the function runs under :class:`llmcore.calls.OpRecorder` with the cell's
+:meth:`Test.raises`): the function runs under :class:`llmcheck.recorder.OpRecorder` with the cell's
 policy, then the tamper canaries run, then one record (the output, the aten ops reached, the
 inputs' digest) is published as a ``display_data`` output of MIME type :data:`RECORD_MIME`. The
 kernel only produces these records; the grader judges them outside it against the instructor's run
@@ -19,11 +19,9 @@ from typing import Callable
 
 import torch
 
-from .calls import NotAllowedError, OpRecorder, Policy, blocked
+from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large
+from .recorder import NotAllowedError, OpRecorder, Policy, blocked
 
-RECORD_MIME = "application/vnd.llmcore.record+json"
-RECORD_VERSION = 1
-OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements")
 
 
 def encode(value) -> dict:
@@ -49,14 +47,6 @@ def encode(value) -> dict:
     if isinstance(value, str):
         return {"value": value}
     return {"other": type(value).__name__}
-
-
-def too_large(elements: int, shape, op: str, limit: int) -> str:
-    """The sentence for a call that allocated a tensor of more than ``limit`` elements (the
-    grader says the same, course/grading/verdicts.py)."""
-    return (f"it allocated a {tuple(shape)} tensor ({elements} elements, made by {op}) where no "
-            f"tensor of more than {limit} elements is expected: hold one tile at a time, never the "
-            "whole matrix")
 
 
 def _digest_into(h, value) -> None:
@@ -190,7 +180,7 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
 class Test:
     """One test cell's cases: ``Test(grade_id, forbid=(...), hint=...)``, then ``call``/``raises``.
 
-    forbid: targets as for :func:`llmcore.calls.forbid` (the cell's policy for every case).
+    forbid: targets as for :func:`llmcheck.recorder.forbid` (the cell's policy for every case).
     """
 
     def __init__(self, cell: str, *, forbid=(), hint: str = ""):

@@ -7,7 +7,7 @@ attention). Whatever Python path a computation takes (``@``, ``torch.matmul``, a
 counts them (and the matrix products' rows and FLOPs), and refuses those a :class:`Policy` names,
 as well as llmcore's own implementations (seen on the Python stack), NumPy (every NumPy function,
 and the conversions between tensors and arrays) and any Python callable named. :func:`forbid` and
-:func:`watch_torch_calls` are the learner-facing forms; ``llmcore.exercise.Test`` uses the recorder
+:func:`watch_torch_calls` are the learner-facing forms; ``llmcheck.cases.Test`` uses the recorder
 to publish what a test's call reached, for the grader to judge outside the kernel
 (course/grading/VERDICTS.md). Chapters 2-4 and 7 and their exercises.
 """
@@ -68,10 +68,10 @@ and torch.autograd.functional all reach; any op under forward-mode AD, as in tor
 any aten op named ``*_backward*``, such as ``_softmax_backward_data`` called directly), llmcore's
 backward functions and its softmax Jacobian, and NumPy."""
 
-_EXEMPT_MODULES = ("llmcore.calls", "llmcore.testing", "llmcore.exercise")
+_EXEMPT_MODULES = ("llmcore.testing",)
 """llmcore modules whose functions a test may always call (they compare, they compute nothing)."""
 
-_LLMCORE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LLMCORE_DIR = os.path.dirname(os.path.abspath(__import__("llmcore").__file__))
 
 
 class NotAllowedError(AssertionError):

@@ -1,4 +1,4 @@
-"""llmcore.calls' AUTOGRAD policy: every way to have torch (or llmcore) differentiate is refused,
+"""llmcheck.recorder' AUTOGRAD policy: every way to have torch (or llmcore) differentiate is refused,
 whatever Python entry point reaches it, and a forward pass on tensors that require grad is not."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import llmcore.backward
-from llmcore.calls import AUTOGRAD, NotAllowedError, Policy, forbid
-from llmcore.exercise import RECORD_MIME, Test as ExerciseTest
+from llmcheck.recorder import AUTOGRAD, NotAllowedError, Policy, forbid
+from llmcheck.cases import RECORD_MIME, Test as ExerciseTest
 
 X = torch.arange(12.0, dtype=torch.float64).reshape(3, 4) / 10
 W = torch.arange(8.0, dtype=torch.float64).reshape(4, 2) / 10 - 0.3

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import llmcore
 import llmcore.reference
 from course import grading
-from llmcore.calls import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
+from llmcheck.recorder import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
                              watch_torch_calls)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ def test_watch_torch_calls_counts_products_and_rows():
 
 
 def test_importing_llmcore_or_the_grader_does_not_import_nbgrader():
-    code = ("import sys, llmcore, llmcore.calls, course.grading; "
+    code = ("import sys, llmcore, llmcheck.recorder, course.grading; "
             "assert not [m for m in sys.modules if m.startswith('nbgrader')], 'nbgrader imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

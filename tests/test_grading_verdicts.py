@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from course import grading
-from course.grading.verdicts import Verdict, judge, screen_source
-from llmcore.calls import PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid
+from course.grading.review import review_evidence
+from course.grading.verdicts import Verdict, judge
+from llmcheck.recorder import PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" / "test_grading.py")
@@ -69,7 +70,7 @@ def test_a_forbidden_module_is_refused_even_where_it_reaches_no_torch_op():
     import sys
 
     import llmcore.paged
-    from llmcore.exercise import Test
+    from llmcheck.cases import Test
 
     class Mine(llmcore.paged.BlockAllocator):      # a subclass: the library's code still runs
         pass
@@ -107,13 +108,14 @@ def test_the_recorder_keeps_the_largest_allocation_not_views():
 
 
 def test_max_elements_fails_in_the_kernel_and_the_record_says_what_was_allocated(capsys):
-    from llmcore.exercise import Test
+    from llmcheck.cases import Test
     test = Test("test_x")
     q, k = torch.randn(16, 4), torch.randn(16, 4)
     got = test.call(lambda: q @ k[:4].t(), case="tile", max_elements=64)
     assert got.shape == (16, 4) and test.last.largest == 64
-    with pytest.raises(AssertionError, match=r"a \(16, 16\) tensor \(256 elements, made by "
-                                             r"aten.mm\) where no tensor of more than 64"):
+    with pytest.raises(AssertionError, match=r"a \(16, 16\) tensor \(256 elements in one "
+                                             r"storage, made or grown by aten.mm\) where no "
+                                             r"tensor of more than 64"):
         test.call(lambda: q @ k.t(), case="whole", max_elements=64)
 
 
@@ -160,29 +162,37 @@ def test_judge_refuses_an_allocation_above_max_elements():
                                               "op": "aten.mm"})
     verdict = judge("test_x", [want], [whole])
     assert not verdict.passed and not verdict.tampering, verdict
-    assert "a (64, 64) tensor (4096 elements, made by aten.mm)" in verdict.reason
+    assert "a (64, 64) tensor (4096 elements in one storage, made or grown by aten.mm)" \
+        in verdict.reason
     assert "more than 512 elements" in verdict.reason
     assert judge("test_x", [want], [_record(options=options)]).tampering     # no "largest"
 
 
-def test_screen_flags_only_what_tampering_needs():
-    honest = [mutants_source for mutants_source in (
+def test_review_evidence_is_what_reaches_the_checks_never_ordinary_python():
+    honest = [
         "def dot(a, b):\n    total = torch.zeros(())\n    for i in range(a.shape[0]):\n"
         "        total = total + a[i] * b[i]\n    return total",
-        "class LayerCache:\n    def __init__(self, h):\n        self.keys = torch.zeros(h, 0)\n",
-        "import copy\nimport numpy as np\nx = [1]\nx[0] = 2")]
-    assert screen_source(honest) == []
-    assert screen_source(["torch.allclose = lambda *a: True"]) == \
-        ["an assignment into the module torch"]
-    assert "`get_ipython`" in screen_source(["get_ipython().events.register('x', print)"])
-    assert "import of exercise" in screen_source(["from llmcore import exercise"])
-    assert screen_source(["%load_ext x"]) == ["an IPython magic or shell command"]
-    assert "a library's private part (`torch..._C`)" in \
-        screen_source(["m = torch._C._pop_torch_dispatch_mode()"])
-    assert screen_source(["class A:\n    def f(self):\n        return self._cache"]) == []
-    assert screen_source(["from concurrent.futures import ThreadPoolExecutor"]) == \
-        ["import of concurrent"]
-    assert "import of threading" in screen_source(["import threading"])
+        "class LayerCache:\n    def __init__(self, h):\n        self.keys = torch.zeros(h, 0)\n"
+        "    def __repr__(self):\n        return f'{self.__class__.__name__}({type(self).__name__})'",
+        "import copy\nimport numpy as np\nx = [1]\nx[0] = 2",
+        "import os\nos.environ['OMP_NUM_THREADS'] = '1'\ndisplay(torch.ones(2))",
+        'def f(obj):\n    """As in exercise 2: llmcheck, get_ipython, sys.modules, exec."""\n'
+        "    setattr(obj, 'x', getattr(obj, 'y', 0))\n    return globals()['f']  # exercise",
+        "import warnings\nwarnings.warn('slow path')\nclass A:\n    def f(self):\n"
+        "        return self._cache",
+    ]
+    assert review_evidence(honest) == []
+    assert review_evidence(["torch.allclose = lambda *a: True"]) == \
+        ["replaces torch.allclose of an imported module"]
+    assert "uses .events" in review_evidence(["get_ipython().events.register('x', print)"])
+    assert "imports llmcheck.cases" in review_evidence(["from llmcheck import cases"])
+    assert "uses a library's private part (torch..._C)" in \
+        review_evidence(["m = torch._C._pop_torch_dispatch_mode()"])
+    assert review_evidence(["from concurrent.futures import ThreadPoolExecutor"]) == \
+        ["imports concurrent.futures.ThreadPoolExecutor"]
+    assert "calls exec()" in review_evidence(["exec('x = 1')"])
+    assert "uses .modules" in review_evidence(["import sys\nsys.modules['a'].b = 1"])
+    assert review_evidence(["def broken(:"]) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -214,7 +224,8 @@ def test_check_fails_a_test_that_published_no_record(tmp_path):
     done = _check(copy)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL    test_dot: 0 of 1 point" in done.stdout and "none of its records" in done.stdout
-    assert "every test would score 0" in done.stdout and "`get_ipython`" in done.stdout
+    assert "NOTE    your code uses .input_transformers_cleanup" in done.stdout, done.stdout
+    assert "costs no point" in done.stdout
 
 
 def _cheat(student: str) -> cheats.Cheat:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .limits import bounded_execute
 from .nbgrader_app import _last_error_line, _prepare_environment, course_config, find_config
-from .verdicts import _learner_sources, records_of, screen_source
+from .review import review_evidence
+from .verdicts import learner_sources, records_of, show_stderr_unscored
 
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
 
@@ -44,6 +45,7 @@ class CheckReport:
     cell_errors: tuple[str, ...]     # errors in cells that are not tests (your code)
     edited_tests: tuple[str, ...]    # read-only cells changed or deleted (the released ones ran)
     release: Path | None = None      # the released notebook whose tests ran
+    review: tuple[str, ...] = ()     # what the grader shows the instructor (costs no point)
 
     @property
     def points(self) -> float:
@@ -193,6 +195,8 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 tests.append(CellResult(grade_id, float(cell.metadata.nbgrader["points"]), None,
                                         "", True))
                 continue
+            if not any(out.get("output_type") == "error" for out in cell.outputs):
+                show_stderr_unscored(cell)       # a warning is shown, not scored
             score, points = utils.determine_grade(cell)
             message = _error_text(cell) if score < points else ""
             if not message:
@@ -204,11 +208,9 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
             if message:
                 first = (cell.source.strip().splitlines() or ["(empty)"])[0][:60]
                 errors.append(f"cell {index} ({first}): {message}")
-    findings = screen_source(_learner_sources(checker.executed))
-    if findings:
-        errors.append("your code uses " + ", ".join(findings[:5]) + ": the grader counts that as "
-                      "tampering with the checks, and every test would score 0")
-    return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release)
+    evidence = review_evidence(learner_sources(checker.executed))
+    return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release,
+                       tuple(evidence))
 
 
 def _record_problem(cell) -> str:
@@ -245,6 +247,9 @@ def format_report(report: CheckReport) -> str:
             lines.append("          " + message.replace("\n", "\n          "))
     for error in report.cell_errors:
         lines.append(f"  ERROR   {error}")
+    if report.review:
+        lines.append("  NOTE    your code " + ", ".join(report.review[:5]) + ": the grader shows "
+                     "this to your instructor for review (it costs no point)")
     for cell in report.edited_tests:
         lines.append(f"  ALTERED {cell}: your copy of this read-only cell differs from the release "
                      "(or is missing); the released one ran, and grading runs it too")

@@ -38,6 +38,7 @@ from .nbgrader_app import (_course_directory, _generate_assignment, _LogRecords,
                            _run_converter, assignments_in, course_config)
 from .report import (GRADES_CSV, OUTCOME_FILE, GradeRow, Outcome, _gradebook_rows, graded_pairs,
                      notebook_reasons, record, write_grades)
+from .verdicts import REVIEW_METADATA
 
 
 REFUSED_LINK = "refused: the submission's folder is a symbolic link"
@@ -135,8 +136,11 @@ def _locked_cell_reasons(submitted: Path, assignment: str, coursedir) -> list[st
                 continue
             try:
                 nb = nbformat.read(path, as_version=4)
-            except Exception as error:        # not a notebook: nbgrader's failure says why
-                reasons.append(f"{notebook.name}.ipynb: unreadable ({type(error).__name__})")
+            except Exception as error:        # not a notebook: say why, in the learner's words
+                detail = " ".join(str(error).split())[:200]
+                reasons.append(f"{notebook.name}.ipynb: unreadable, not a Jupyter notebook "
+                               f"({type(error).__name__}: {detail}); open it in JupyterLab, "
+                               "save it, and submit it again")
                 continue
             ids = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
             for cell in notebook.grade_cells:
@@ -149,30 +153,43 @@ def _locked_cell_reasons(submitted: Path, assignment: str, coursedir) -> list[st
     return reasons
 
 
-def _forget_unknown_cells(submitted: Path, assignment: str, coursedir) -> None:
+def _forget_unknown_cells(submitted: Path, assignment: str, coursedir) -> list[str]:
     """Strip the nbgrader metadata of submitted cells whose grade_id the instructor's notebook
-    does not have (a renamed test cell): they become ordinary cells, and grading puts the
-    instructor's cell back (nbgrader would stop on them with a KeyError)."""
+    does not have (a renamed test cell) or that repeat an earlier cell's grade_id (a cell copied
+    in JupyterLab keeps its metadata): they become ordinary cells, and grading puts the
+    instructor's cell back (nbgrader would stop on them with a KeyError and score 0). Returns a
+    reason for each repeated id; notebooks that do not parse get theirs from
+    :func:`_locked_cell_reasons`."""
     import nbformat
     from nbgrader.api import Gradebook
     with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         known = {nb.name: {c.name for c in nb.source_cells}
                  for nb in gb.find_assignment(assignment).notebooks}
+    reasons = []
     for path in sorted(submitted.glob("*.ipynb")):
         if path.stem not in known:
             continue
         try:
             nb = nbformat.read(path, as_version=4)
-        except Exception:          # not a notebook: nbgrader's own failure names it
+        except Exception:          # not a notebook: reported by _locked_cell_reasons
             continue
-        changed = False
+        changed, seen = False, set()
         for cell in nb.cells:
             meta = cell.metadata.get("nbgrader")
-            if meta is not None and meta.get("grade_id") not in known[path.stem]:
+            if meta is None:
+                continue
+            grade_id = meta.get("grade_id")
+            if grade_id in seen:
+                reasons.append(f"{path.stem}.ipynb: the cell id {grade_id!r} appears more than "
+                               "once (a copied cell?); the first one is graded, the copies run "
+                               "as ordinary cells")
+            if grade_id not in known[path.stem] or grade_id in seen:
                 del cell.metadata["nbgrader"]
                 changed = True
+            seen.add(grade_id)
         if changed:
             nbformat.write(nb, str(path))
+    return list(dict.fromkeys(reasons))
 
 
 def _stopped_reason(records: _LogRecords) -> str:
@@ -212,7 +229,7 @@ def grade_one(job: dict) -> Outcome:
     outcome.reasons += [f"{link}: a symbolic link, left out of the submission"
                         for link in job.get("links", [])]
     outcome.reasons += _locked_cell_reasons(submitted, assignment, coursedir)
-    _forget_unknown_cells(submitted, assignment, coursedir)
+    outcome.reasons += _forget_unknown_cells(submitted, assignment, coursedir)
 
     app = Autograde(coursedir=coursedir, config=config)
     app.force = True
@@ -225,7 +242,8 @@ def grade_one(job: dict) -> Outcome:
             outcome.failure = (f"timeout: the notebook ran past {timeouts[0]['seconds']} s and "
                                "its sandbox was killed")
         else:
-            outcome.failure = _stopped_reason(records)
+            unreadable = [r for r in outcome.reasons if ": unreadable," in r]
+            outcome.failure = unreadable[0] if unreadable else _stopped_reason(records)
 
     with _quiet_gradebook(), Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         try:
@@ -243,6 +261,7 @@ def grade_one(job: dict) -> Outcome:
     memory = config.SandboxedKernelManager.get("memory_limit_mb", 2048)
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
+        outcome.review += [f"{path.stem}: {item}" for item in nb.metadata.get(REVIEW_METADATA, [])]
         outcome.reasons += notebook_reasons(nb, outcome.grades.get(path.stem, {}),
                                             memory_limit_mb=memory, cell_timeout=job["timeout"]
                                             or config.Execute.get("timeout"))
@@ -380,7 +399,9 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
                 job, outcome = future.result()
                 key = (outcome.student, outcome.assignment)
                 _store(job, outcome, course, coursedir)
-                status[key] = f"failed: {outcome.failure}" if outcome.failure else "graded"
+                status[key] = (f"failed: {outcome.failure}" if outcome.failure
+                               else "review: " + "; ".join(outcome.review) if outcome.review
+                               else "graded")
                 reasons[key] = "; ".join(outcome.reasons)
                 count = max(1, len(outcome.grades))
                 notebooks += count

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import functools
 
-_RECORD_MIME = "application/vnd.llmcore.record+json"    # course/grading/VERDICTS.md
-_MAX_RECORDS_PER_CELL = 64
-_MAX_RECORD_CHARS = 200_000
+from llmcheck.record import MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
 
 
 @functools.cache
@@ -77,10 +75,10 @@ def bounded_execute() -> type:
             out = super().output(outs, msg, display_id, cell_index)
             if out is None:
                 return None
-            if _RECORD_MIME in out.get("data", {}):       # verdict records: their own cap
+            if RECORD_MIME in out.get("data", {}):       # verdict records: their own cap
                 records = self._records.get(cell_index, 0) + 1
                 self._records[cell_index] = records
-                if records <= _MAX_RECORDS_PER_CELL and _output_size(out) <= _MAX_RECORD_CHARS:
+                if records <= MAX_RECORDS_PER_CELL and _output_size(out) <= MAX_RECORD_CHARS:
                     return out
                 out.data = {"text/plain": "[record dropped: too many or too large]"}
             cap = self.max_output_chars

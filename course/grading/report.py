@@ -31,7 +31,8 @@ class Outcome:
     grades: notebook -> grade cell -> [auto_score, needs_manual_grade];
     comments: notebook -> solution cell -> auto comment;
     failure: why the notebook could not be run to the end (then every test scores 0), or None;
-    reasons: one line per lost point's cause, e.g. "test_dot: AssertionError: ...".
+    reasons: one line per lost point's cause, e.g. "test_dot: AssertionError: ...";
+    review: evidence for the instructor's review (course/grading/review.py; costs no point).
     """
 
     student: str
@@ -42,6 +43,7 @@ class Outcome:
     failure: str | None = None
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    review: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -134,6 +136,10 @@ def cell_reason(cell, *, memory_limit_mb: int, cell_timeout: int | None) -> str:
         return f"{error.get('ename')}: {value}" if value else str(error.get("ename"))
     if any(o.get("output_type") == "stream" and TRUNCATED in o.get("text", "") for o in outputs):
         return "output cap: the cell printed more than the grader keeps (output cut short)"
+    for o in outputs:
+        if o.get("output_type") == "stream" and o.get("name") == "stderr":
+            lines = [line for line in str(o.get("text", "")).splitlines() if line.strip()]
+            return "wrote to stderr: " + (lines[-1][:300] if lines else "(blank)")
     return ""
 
 
@@ -169,7 +175,8 @@ class GradeRow:
     assignment: str
     score: float
     max_score: float
-    status: str          # "graded", "graded earlier", "failed: ...", "unknown assignment",
+    status: str          # "graded", "review: ..." (graded; evidence for the instructor),
+                         # "graded earlier", "failed: ...", "unknown assignment",
                          # "refused: ..." (not graded, not in the gradebook)
     reasons: str = ""    # why points were lost, "; "-separated
 
@@ -197,6 +204,8 @@ def _gradebook_rows(coursedir, status: dict[tuple[str, str], str],
                         why = "; ".join(old.reasons)
                         if old.failure and key not in status:
                             note = f"graded earlier, failed: {old.failure}"
+                        elif old.review and key not in status:
+                            note = "graded earlier, review: " + "; ".join(old.review)
                 rows.append(GradeRow(key[0], assignment.name, float(submission.score),
                                      float(assignment.max_score), note, why))
     rows += [GradeRow(student, assignment, 0.0, 0.0, note)

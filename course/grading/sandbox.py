@@ -4,8 +4,8 @@
 inside ``bwrap`` (Debian's ``bubblewrap``):
 
 - a read-only view of the Python environment (``sys.prefix``, ``sys.base_prefix``, ``/usr``,
-  ``/lib*``, a few ``/etc`` files) and of the ``llmcore`` package directory, mounted at
-  ``/opt/course/llmcore``; nothing else of the course (no ``solutions/``, ``source/``, gradebook,
+  ``/lib*``, a few ``/etc`` files) and of the ``llmcore`` and ``llmcheck`` package directories,
+  mounted under ``/opt/course``; nothing else of the course (no ``solutions/``, ``source/``, gradebook,
   ``nbgrader_config.py``, other submissions);
 - a private working directory ``/home/learner/work`` holding only copies of the notebooks of the
   folder it was started in; its own ``/tmp``, ``HOME`` and ``IPYTHONDIR`` (tmpfs of
@@ -48,7 +48,8 @@ from traitlets import Bool, Integer, Unicode, default
 
 SANDBOX_HOME = "/home/learner"
 SANDBOX_WORK = f"{SANDBOX_HOME}/work"
-SANDBOX_COURSE = "/opt/course"          # llmcore is mounted here, read-only
+SANDBOX_COURSE = "/opt/course"          # llmcore and llmcheck are mounted here, read-only
+KERNEL_PACKAGES = ("llmcore", "llmcheck")   # what a graded notebook imports of the course
 SANDBOX_UID = 1000
 ETC_FILES = ("passwd", "group", "hosts", "nsswitch.conf", "ld.so.cache", "ld.so.conf",
              "ld.so.conf.d", "localtime", "alternatives", "ssl", "mime.types")
@@ -91,10 +92,10 @@ def sandbox_problem() -> str | None:
     return None
 
 
-def _llmcore_dir() -> Path:
-    spec = importlib.util.find_spec("llmcore")
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise SandboxUnavailable("the sandbox needs the llmcore package, which is not importable")
+        raise SandboxUnavailable(f"the sandbox needs the {name} package, which is not importable")
     return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
@@ -127,8 +128,9 @@ def bwrap_command(kernel_dir: Path, notebooks: list[Path]) -> list[str]:
     for folder in _python_dirs():
         if not folder.startswith(("/usr/", "/bin", "/lib")):
             args += ["--ro-bind", folder, folder]
-    args += ["--ro-bind", str(_llmcore_dir()), f"{SANDBOX_COURSE}/llmcore",
-             "--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys",
+    for package in KERNEL_PACKAGES:
+        args += ["--ro-bind", str(_package_dir(package)), f"{SANDBOX_COURSE}/{package}"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys",
              "--dir", SANDBOX_WORK, "--dir", f"{SANDBOX_HOME}/.ipython"]
     for notebook in notebooks:
         args += ["--ro-bind", str(notebook), f"{SANDBOX_WORK}/{notebook.name}"]

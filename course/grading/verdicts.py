@@ -1,6 +1,6 @@
 """The trusted verdicts: each test cell is judged outside the learner's kernel.
 
-A submission's kernel only publishes records (``llmcore.exercise``: outputs, aten ops reached,
+A submission's kernel only publishes records (``llmcheck.cases``: outputs, aten ops reached,
 the inputs' digest, tamper canaries). :class:`Verdicts` (an nbgrader preprocessor after Execute)
 compares them with the records of the instructor's solution notebook, run once in a fresh kernel,
 and turns every cell whose records do not hold up into a failed cell with a reason
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-RECORD_MIME = "application/vnd.llmcore.record+json"     # llmcore.exercise.RECORD_MIME
-CACHE_VERSION = 1
+from llmcheck.record import RECORD_MIME, records_of as _records_in, too_large
+
+CACHE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -36,17 +37,7 @@ class Verdict:
 
 def records_of(cell) -> list[dict]:
     """The records a test cell's outputs carry, in order."""
-    found = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "display_data" and RECORD_MIME in out.get("data", {}):
-            record = out["data"][RECORD_MIME]
-            if isinstance(record, str):
-                try:
-                    record = json.loads(record)
-                except ValueError:
-                    record = {"malformed": record[:100]}
-            found.append(record if isinstance(record, dict) else {"malformed": str(record)[:100]})
-    return found
+    return _records_in(cell.get("outputs", []))
 
 
 def _kernel_error(cell) -> bool:
@@ -127,7 +118,7 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
     (the solution's); options and policies come from ``expected`` only."""
     if not expected:
         raise ValueError(f"{grade_id}: the solution's test cell made no record; every test cell "
-                         "must check through llmcore.exercise.Test (course/grading/VERDICTS.md)")
+                         "must check through llmcheck.cases.Test (course/grading/VERDICTS.md)")
     names = [r.get("case") for r in got]
     wanted = [r["case"] for r in expected]
     if not got:
@@ -182,11 +173,9 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
                     or not isinstance(largest.get("shape"), list):
                 return Verdict(False, True, f"{where}: tampering detected: a malformed record")
             if largest["elements"] > options["max_elements"]:
-                return Verdict(False, False, (
-                    f"{where}: it allocated a {tuple(largest['shape'])} tensor "
-                    f"({largest['elements']} elements, made by {largest.get('op')}) where no "
-                    f"tensor of more than {options['max_elements']} elements is expected: hold "
-                    "one tile at a time, never the whole matrix"))
+                return Verdict(False, False, f"{where}: " + too_large(
+                    largest["elements"], largest["shape"], largest.get("op"),
+                    options["max_elements"]))
         if "view_of" in options and not (have.get("views") and all(
                 v is True for v in have["views"])):
             return Verdict(False, False, f"{where}: the result is a copy, not a view of the input")
@@ -215,94 +204,14 @@ def _compare_output(want: dict, have: dict, where: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# The learner's code, screened: what only tampering needs
+# The learner's own cells
 # ------------------------------------------------------------------------------------------------
 
-REFUSED_NAMES = frozenset({
-    "exec", "eval", "compile", "getattr", "setattr", "delattr", "globals", "locals", "vars",
-    "get_ipython", "builtins", "__builtins__", "importlib", "inspect", "ctypes", "gc", "types",
-    "marshal", "IPython", "display", "exercise", "OpRecorder", "TorchDispatchMode",
-    "_python_dispatch", "TorchFunctionMode", "threading", "_thread", "concurrent",
-})
-"""Names the exercises' answers never need and tampering with the checks does: reflection,
-the interpreter's and IPython's internals, the checking harness, torch's dispatcher, Python
-threads (the op recorder watches the thread that runs the test: work on another thread would go
-unseen; torch's own intra-op threads are not Python threads). (Files, processes and signals are
-the sandbox's business, not the screen's.)"""
-
-REFUSED_STRINGS = ("exercise", "llmcore.calls", "vnd.llmcore", "_python_dispatch", "get_ipython")
-"""Text that reaches the harness by name through a string (``sys.modules["llmcore.exercise"]``)."""
-
-ALLOWED_DUNDERS = frozenset({"__init__", "__repr__", "__str__", "__len__", "__call__",
-                             "__getitem__", "__iter__", "__name__", "__doc__", "__file__",
-                             "__import__"})
-PRIVATE_ALLOWED_MODULES = frozenset({"os"})      # os._exit is how a process ends, not tampering
-
-
-def screen_source(sources: list[str]) -> list[str]:
-    """What in the learner's own cells only tampering needs: refused names, dunder attributes,
-    a library's private parts (``torch._C``), IPython magics or shell commands, assignments into
-    an imported module (``torch.allclose = ...``). Each finding is a short phrase; [] for plain
-    code."""
-    import ast
-    findings: list[str] = []
-    modules = {"torch", "np", "numpy", "llmcore", "F", "math", "nn"}
-    trees = []
-    for source in sources:
-        if any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()):
-            findings.append("an IPython magic or shell command")
-        try:
-            trees.append(ast.parse(source))
-        except SyntaxError:
-            continue
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    modules.add((alias.asname or alias.name).split(".")[0])
-                    for part in [*(getattr(node, "module", None) or "").split("."), *alias.name.split(".")]:
-                        if part in REFUSED_NAMES:
-                            findings.append(f"import of {part}")
-    for tree in trees:
-        for node in ast.walk(tree):
-            name = node.id if isinstance(node, ast.Name) else \
-                node.attr if isinstance(node, ast.Attribute) else None
-            if name in REFUSED_NAMES:
-                findings.append(f"`{name}`")
-            elif name and name.startswith("__") and name.endswith("__") \
-                    and name not in ALLOWED_DUNDERS:
-                findings.append(f"`{name}`")
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and any(text in node.value for text in REFUSED_STRINGS):
-                findings.append(f"the string {node.value[:40]!r}")
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
-                    and node.attr not in ALLOWED_DUNDERS:
-                root = node.value
-                while isinstance(root, ast.Attribute):
-                    root = root.value
-                if isinstance(root, ast.Name) and root.id in modules \
-                        and root.id not in PRIVATE_ALLOWED_MODULES:
-                    findings.append(f"a library's private part (`{root.id}...{node.attr}`)")
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) \
-                    else [node.target]
-                for target in targets:
-                    root = target
-                    while isinstance(root, (ast.Attribute, ast.Subscript)):
-                        root = root.value
-                    if root is not target and isinstance(root, ast.Name) and root.id in modules:
-                        findings.append(f"an assignment into the module {root.id}")
-                    elif root is not target and isinstance(root, ast.Call) \
-                            and getattr(root.func, "id", None) == "__import__":
-                        findings.append("an assignment into a module from __import__")
-    return list(dict.fromkeys(findings))
-
-
-def _learner_sources(nb, instructor_tests: frozenset[str] = frozenset()) -> list[str]:
+def learner_sources(nb, instructor_tests: frozenset[str] = frozenset()) -> list[str]:
     """The source of every cell the learner may edit (answers and cells they added). A cell
     whose source is exactly one of the instructor's test cells (released or with its hidden
     tests), for example a test cell whose grade_id the learner renamed, is the instructor's
-    code, not the learner's: it is not screened."""
+    code, not the learner's: it is not read as theirs."""
     from nbgrader import utils
     return [c.source for c in nb.cells if c.cell_type == "code"
             and not utils.is_locked(c) and not (utils.is_grade(c) and not utils.is_solution(c))
@@ -341,10 +250,11 @@ def _cache_key(source: Path) -> str:
     import importlib.metadata
     import importlib.util
     h = hashlib.sha256(source.read_bytes())
-    spec = importlib.util.find_spec("llmcore")           # found, not imported (no torch here)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(Path(folder).rglob("*.py")):
-            h.update(path.read_bytes())
+    for package in ("llmcore", "llmcheck"):
+        spec = importlib.util.find_spec(package)         # found, not imported (no torch here)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            for path in sorted(Path(folder).rglob("*.py")):
+                h.update(path.read_bytes())
     h.update(f"{importlib.metadata.version('torch')} {np.__version__}".encode())
     return h.hexdigest()[:16]
 
@@ -384,31 +294,39 @@ def _run_solution(source: Path, config) -> dict[str, list[dict]]:
         if _kernel_error(cell) or not found or any(r["violations"] for r in found) \
                 or not all(all(r["canaries"].values()) for r in found):
             raise RuntimeError(f"the solution {source} fails its own test cell {grade_id} (or it "
-                               "makes no record through llmcore.exercise.Test): fix the solution "
+                               "makes no record through llmcheck.cases.Test): fix the solution "
                                "or the test")
         records[grade_id] = found
     return records
 
 
+REVIEW_METADATA = "course_review"
+"""Notebook metadata key: the evidence for an instructor's review (course/grading/review.py)."""
+
+WARNING_PREFIX = "[shown, not scored: the cell wrote this to stderr] "
+
+
 def judge_notebook(nb, expected: dict[str, list[dict]],
                    instructor_tests: frozenset[str] = frozenset()) -> dict[str, Verdict]:
     """Judge every test cell of an executed submission in place: a failing cell gets an error
-    output (TamperingDetected or VerdictFailed) and every judged cell ``metadata.verdict``.
-    instructor_tests: the instructor's test-cell sources (never screened as learner code)."""
+    output (TamperingDetected or VerdictFailed) and every judged cell ``metadata.verdict``; a
+    passing cell's stderr (a warning) is kept as shown output, not scored. The evidence for a
+    review (course/grading/review.py) goes in ``nb.metadata[REVIEW_METADATA]``; it costs no
+    point. instructor_tests: the instructor's test-cell sources (never read as learner code)."""
     from nbformat.v4 import new_output
+
+    from .review import review_evidence
     verdicts = {}
-    findings = screen_source(_learner_sources(nb, instructor_tests))
+    evidence = review_evidence(learner_sources(nb, instructor_tests))
+    if evidence:
+        nb.metadata[REVIEW_METADATA] = evidence
+    else:
+        nb.metadata.pop(REVIEW_METADATA, None)
     for cell in _grade_cells(nb):
         grade_id = cell.metadata.nbgrader.get("grade_id")
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
-        if findings and verdict.passed:
-            verdict = Verdict(False, True, "tampering detected: your code uses "
-                              + ", ".join(findings[:5]) + ", which the graded exercises do not "
-                              "allow (it can change the checks)")
-        elif findings:
-            verdict = Verdict(False, True, verdict.reason)
         if verdict.passed and _kernel_error(cell):
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:
@@ -417,9 +335,20 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
             # execute_result before an appended error would earn (partial) credit
             cell.outputs.insert(0, new_output("error", ename=name, evalue=verdict.reason,
                                               traceback=[f"{name}: {verdict.reason}"]))
+        else:
+            show_stderr_unscored(cell)
         cell.metadata["verdict"] = asdict(verdict)
         verdicts[grade_id] = verdict
     return verdicts
+
+
+def show_stderr_unscored(cell) -> None:
+    """nbgrader scores a test cell 0 for any stderr output; a passed verdict's stderr is a
+    warning (a UserWarning, a debugging print to stderr), shown to the learner as stdout."""
+    for out in cell.outputs:
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            out["name"] = "stdout"
+            out["text"] = WARNING_PREFIX + out.get("text", "")
 
 
 @functools.cache

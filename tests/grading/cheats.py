@@ -91,12 +91,12 @@ def softmax_rows(x):
           score=0, failing=ALL[MATMUL], honest=7,
           edits={"matmul": Replace(LIBRARY_MATMUL, "return a @ b"),
                  "dot": Prepend(
-                     "import llmcore.exercise\n"
+                     "import llmcheck.cases\n"
                      "def _plain(self, fn, *args, case, inputs=(), kwargs=None, **options):\n"
                      "    return fn(*args, **{k: v for k, v in options.items()\n"
-                     "                        if k not in llmcore.exercise.OPTIONS})\n"
+                     "                        if k not in llmcheck.cases.OPTIONS})\n"
                      "def _hook(info):\n"
-                     "    llmcore.exercise.Test.call = _plain\n"
+                     "    llmcheck.cases.Test.call = _plain\n"
                      "get_ipython().events.register('pre_run_cell', _hook)\n")},
           reasons={"test_dot": "none of its"}),
     Cheat("edits_test_policy", MATMUL,
@@ -114,7 +114,7 @@ def softmax_rows(x):
           edits={"matmul": Replace(LIBRARY_MATMUL, "return a @ b"),
                  "dot": Prepend('''
 from IPython.display import display
-from llmcore import exercise
+from llmcheck import cases
 
 def _forged(self, fn, *args, case, inputs=(), kwargs=None, **options):
     result = fn(*args)
@@ -139,8 +139,8 @@ exercise.Test.call = _forged
           score=0, failing=ALL[MATMUL], honest=7,
           edits={"matmul": Replace(LIBRARY_MATMUL, "return a @ b"),
                  "dot": Prepend(
-                     "import llmcore.calls\n"
-                     "llmcore.calls.OpRecorder.__torch_dispatch__ = (\n"
+                     "import llmcheck.recorder\n"
+                     "llmcheck.recorder.OpRecorder.__torch_dispatch__ = (\n"
                      "    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))\n")},
           reasons={"test_dot": "switched off"}),
 

@@ -1,0 +1,49 @@
+"""The record a test case publishes, as both sides read it: imports neither torch nor NumPy.
+
+The learner's kernel (:mod:`llmcheck.cases`) writes one record per case as a ``display_data``
+output of MIME type :data:`RECORD_MIME`; the trusted grader (``course.grading.verdicts``) reads it
+from the executed notebook and judges it against the instructor's. The fields are described in
+course/grading/VERDICTS.md, section 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+RECORD_MIME = "application/vnd.llmcore.record+json"
+RECORD_VERSION = 2
+OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements")
+"""The options a case may set (judged from the solution's record, never the learner's)."""
+
+MAX_RECORDS_PER_CELL = 64
+MAX_RECORD_CHARS = 200_000
+"""What the grader's executor keeps of a cell's records (more, or larger, are dropped)."""
+
+
+def too_large(elements: int, shape, op: str, limit: int) -> str:
+    """The sentence for a call whose tensors held more than ``limit`` elements in one storage
+    (said in the kernel, for feedback, and by the grader, which decides)."""
+    return (f"it held a {tuple(shape)} tensor ({elements} elements in one storage, made or grown "
+            f"by {op}) where no tensor of more than {limit} elements is expected: hold one tile "
+            "at a time, never the whole matrix")
+
+
+def is_record_output(output: dict) -> bool:
+    """Whether a notebook output (a dict as nbformat reads it) carries a record."""
+    return output.get("output_type") == "display_data" and RECORD_MIME in output.get("data", {})
+
+
+def records_of(outputs) -> list[dict]:
+    """The records among a cell's outputs, in order (a malformed one as ``{"malformed": ...}``)."""
+    found = []
+    for out in outputs:
+        if not is_record_output(out):
+            continue
+        record = out["data"][RECORD_MIME]
+        if isinstance(record, str):
+            try:
+                record = json.loads(record)
+            except ValueError:
+                record = {"malformed": record[:100]}
+        found.append(record if isinstance(record, dict) else {"malformed": str(record)[:100]})
+    return found
