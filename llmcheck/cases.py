@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import json
 import re
 import sys
@@ -19,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from . import fresh
 from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large
 from .recorder import NotAllowedError, OpRecorder, Policy, blocked
 
@@ -225,26 +227,28 @@ class Test:
                  "text/plain": f"[{self.cell}: {case} recorded]"}, raw=True)
 
     def call(self, fn: Callable, *args, case: str, inputs=(), kwargs: dict | None = None,
-             **options_and_kwargs):
+             fresh_inputs: bool = True, **options_and_kwargs):
         """Run ``fn(*args, **kwargs)`` under the policy; publish the record; return the result.
 
         Options (judged by the grader from the solution's record): rtol, atol, view_of,
-        max_products, max_flops_ratio, max_elements (no tensor allocated inside the call may
-        have more elements: work in tiles); any other keyword goes to ``fn``.
+        max_products, max_flops_ratio, max_elements (no tensor in the call may hold a storage of
+        more elements: work in tiles); any other keyword goes to ``fn``. When the grader handed
+        over a secret (llmcheck/fresh.py), the case runs again on fresh inputs and publishes a
+        second record; ``fresh_inputs=False`` opts a case out (its inputs must keep a structure
+        that random values would break).
         """
         options = {k: v for k, v in options_and_kwargs.items() if k in OPTIONS}
         kwargs = {**{k: v for k, v in options_and_kwargs.items() if k not in OPTIONS},
                   **(kwargs or {})}
         options.setdefault("rtol", 1e-5)
         options.setdefault("atol", 1e-6)
-        input_digest = digest(args, kwargs, inputs)
-        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
-        if error is not None:
-            output = {"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
-        else:
-            output = encode(result)
-        views = _views_of(result, args[options["view_of"]]) if "view_of" in options else []
-        self._publish(case, recorder, output, input_digest, canaries, options, views)
+        recorder, result, error = self._case(fn, args, kwargs, inputs, case, options)
+        if error is None and not recorder.violations and fresh_inputs and not inputs \
+                and not inspect.ismethod(fn):
+            twin = fresh.twin(self.cell, case, args, kwargs)
+            if twin is not None:                       # judged by the grader, not raised here
+                self._case(fn, *twin, (), case + fresh.TWIN_SUFFIX, options)
+                self.last = recorder
         if error is not None:
             raise error
         if recorder.violations:
@@ -253,6 +257,18 @@ class Test:
             raise AssertionError(too_large(recorder.largest, recorder.largest_shape,
                                            recorder.largest_op, options["max_elements"]))
         return result
+
+    def _case(self, fn: Callable, args, kwargs, inputs, case: str, options: dict):
+        """Run one case under the recorder and publish its record: (recorder, result, error)."""
+        input_digest = digest(args, kwargs, inputs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
+        if error is not None:
+            output = {"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
+        else:
+            output = encode(result)
+        views = _views_of(result, args[options["view_of"]]) if "view_of" in options else []
+        self._publish(case, recorder, output, input_digest, canaries, options, views)
+        return recorder, result, error
 
     def raises(self, expected: type[BaseException], fn: Callable, *args, case: str,
                match: str = "", explain: str = "", inputs=(), **kwargs) -> BaseException:

@@ -12,8 +12,13 @@ import json
 
 RECORD_MIME = "application/vnd.llmcore.record+json"
 RECORD_VERSION = 2
-OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements")
+OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements",
+           "max_ops_ratio")
 """The options a case may set (judged from the solution's record, never the learner's)."""
+
+TWIN_SUFFIX = " [fresh inputs]"
+"""What the record of a case's twin (the same case on fresh inputs, llmcheck/fresh.py) adds to
+its case's name."""
 
 MAX_RECORDS_PER_CELL = 64
 MAX_RECORD_CHARS = 200_000

@@ -299,7 +299,12 @@ def test_no_cheat_scores_above_its_honest_work(graded, cheat):
         failed = {name for name, verdict in verdicts.items() if not verdict.get("passed")}
         assert failed == cheat.failing, f"{cheat.why}: expected {sorted(cheat.failing)} to " \
                                         f"fail, got {sorted(failed)}: {verdicts}"
-        assert row.score == cheat.score <= cheat.honest, row
+        assert row.score == cheat.score, row
+        if cheat.review:
+            assert row.status.startswith("review:") and cheat.review in row.status, row
+        else:
+            assert cheat.score <= cheat.honest, "only a submission marked for review may " \
+                                                "score above its honest work"
         for grade_id, phrase in cheat.reasons.items():
             assert phrase in verdicts[grade_id]["reason"], (grade_id, verdicts[grade_id])
 

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import statistics
@@ -38,6 +39,7 @@ from .nbgrader_app import (_course_directory, _generate_assignment, _LogRecords,
                            _run_converter, assignments_in, course_config)
 from .report import (GRADES_CSV, OUTCOME_FILE, GradeRow, Outcome, _gradebook_rows, graded_pairs,
                      notebook_reasons, record, write_grades)
+from .secret import SECRET_ENV
 from .verdicts import REVIEW_METADATA
 
 
@@ -380,18 +382,19 @@ def grade(course_dir: str | os.PathLike = ".", *, gradebook: str | os.PathLike |
         scratch = Path(scratch_dir)
         template = scratch / "template.db"
         verdict_cache = scratch / "verdicts"      # the solutions' records, run once per run
+        secret = secrets.token_hex(32)            # this run's fresh inputs (secret.py)
         if todo:
             template_config = course_config(course, gradebook=template, config_file=config_path)
             for assignment in sorted({a for _, a in todo}):
                 _register(template_config, assignment)
                 for source in sorted((course / coursedir.source_directory / assignment)
                                      .glob("*.ipynb")):
-                    expected_records(source, config, verdict_cache / assignment)
+                    expected_records(source, config, verdict_cache / assignment, secret)
             say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
         jobs = [_prepare_job(scratch / f"job{i}", course, coursedir, template, config_path,
                              student, assignment, timeout=timeout,
                              notebook_timeout=notebook_timeout, trusted=trusted,
-                             feedback=feedback, verdict_cache=verdict_cache)
+                             feedback=feedback, verdict_cache=verdict_cache, secret=secret)
                 for i, (student, assignment) in enumerate(todo)]
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             running = [pool.submit(_run_worker, job) for job in jobs]
@@ -422,7 +425,7 @@ def _config_path(course: Path) -> str | None:
 
 def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_path,
                  student: str, assignment: str, *, timeout, notebook_timeout, trusted,
-                 feedback, verdict_cache: Path) -> dict:
+                 feedback, verdict_cache: Path, secret: str) -> dict:
     """A worker's scratch course: its submission, the assignment's source folder and a copy of
     the template gradebook."""
     root = folder / "course"
@@ -437,7 +440,7 @@ def _prepare_job(folder: Path, course: Path, coursedir, template: Path, config_p
            "timeout": timeout, "notebook_timeout": notebook_timeout,
            "unsandboxed_trusted": trusted, "feedback": feedback,
            "outcome": str(folder / "outcome.json"), "folder": str(folder), "links": links,
-           "verdict_cache": str(verdict_cache)}
+           "verdict_cache": str(verdict_cache), "secret": secret}
     (folder / "job.json").write_text(json.dumps(job))
     return job
 
@@ -468,6 +471,7 @@ def _run_worker(job: dict) -> tuple[dict, Outcome]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
     env["COURSE_VERDICTS_CACHE"] = job["verdict_cache"]     # shared: no worker reruns a solution
+    env[SECRET_ENV] = job["secret"]                         # the run's: workers judge alike
     try:
         done = subprocess.run([sys.executable, "-c", _WORKER, str(Path(job["folder"]) / "job.json")],
                               cwd=job["folder"], env=env, capture_output=True, text=True,

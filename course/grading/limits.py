@@ -40,6 +40,12 @@ def bounded_execute() -> type:
         max_output_chars = Integer(
             20_000, help="Characters of output a cell keeps; the rest is dropped while the "
                          "cell runs.").tag(config=True)
+        grade_secret = Unicode(
+            "", help="The grade run's secret (hex; course/grading/secret.py). Each graded test "
+                     "cell's kernel gets its own token from it just before the cell runs, and "
+                     "every case runs again on fresh inputs drawn from it. Default: the run's "
+                     "secret when nbgrader autogrades, none otherwise (the learner's check)."
+        ).tag(config=True)
         preload = List(
             Unicode(), ["torch", "llmcore"],
             help="Modules imported when the kernel starts (before any cell, outside the cell "
@@ -63,6 +69,41 @@ def bounded_execute() -> type:
             await super().async_start_new_kernel(**kwargs)
 
         start_new_kernel = run_sync(async_start_new_kernel)
+
+        def _secret(self) -> str:
+            import os
+
+            from .secret import run_secret
+            if self.grade_secret:
+                return self.grade_secret
+            return run_secret() if os.environ.get("NBGRADER_EXECUTION") == "autograde" else ""
+
+        def preprocess_cell(self, cell, resources, index):
+            from nbgrader import utils
+            secret = self._secret() if cell.cell_type == "code" and utils.is_grade(cell) \
+                and not utils.is_solution(cell) else ""
+            if not secret:
+                return super().preprocess_cell(cell, resources, index)
+            from .secret import cell_token
+            token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", ""))
+            self._tell_kernel(f"import llmcheck.fresh as _fresh\n_fresh.receive({token!r})\n"
+                              "del _fresh")
+            try:
+                return super().preprocess_cell(cell, resources, index)
+            finally:
+                self._tell_kernel("import llmcheck.fresh as _fresh\n_fresh.receive(None)\n"
+                                  "del _fresh")
+
+        def _tell_kernel(self, code: str) -> None:
+            """Run ``code`` silently (no history, no pre/post-run-cell events, no outputs)."""
+            async def tell():
+                msg_id = self.kc.execute(code, silent=True, store_history=False,
+                                         allow_stdin=False)
+                await self.async_wait_for_reply(msg_id)
+            try:
+                run_sync(tell)()
+            except Exception as error:                 # noqa: BLE001 (a dead kernel: the cell fails)
+                self.log.warning("could not hand the kernel its test secret: %s", error)
 
         def preprocess(self, nb, resources=None, km=None):
             self._kept: dict[int, int] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmcheck.record import RECORD_MIME, records_of as _records_in, too_large
+from llmcheck.record import TWIN_SUFFIX, records_of as _records_in, too_large
 
 CACHE_VERSION = 2
 
@@ -167,6 +167,15 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
             return Verdict(False, False, f"{where}: {flops} FLOPs of matrix products, "
                                          f"{flops / max(want['flops'], 1):.1f} times the "
                                          "expected work: is something computed again?")
+        if "max_ops_ratio" in options:
+            done, expected_ops = sum(ops.values()), sum(want["ops"].values())
+            if not all(isinstance(v, int) for v in ops.values()):
+                return Verdict(False, True, f"{where}: tampering detected: a malformed record")
+            if done > options["max_ops_ratio"] * expected_ops:
+                return Verdict(False, False, (
+                    f"{where}: {done} tensor operations, {done / max(expected_ops, 1):.1f} times "
+                    "the expected number: work that grows with the input (a loop over its "
+                    "blocks or rows?) where one operation on the whole is expected"))
         if "max_elements" in options:
             largest = have.get("largest")
             if not isinstance(largest, dict) or not isinstance(largest.get("elements"), int) \
@@ -259,18 +268,23 @@ def _cache_key(source: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def expected_records(source: Path, config, cache_dir: Path | None) -> dict[str, list[dict]]:
-    """grade_id -> the records of the solution notebook's test cell (cached by the notebook,
-    llmcore's code and the library versions).
+def expected_records(source: Path, config, cache_dir: Path | None,
+                     secret: str | None = None) -> dict[str, list[dict]]:
+    """grade_id -> the records of the solution notebook's test cell, its cases' fresh-input
+    twins drawn from ``secret`` (default: this run's, course/grading/secret.py) included; cached
+    by the notebook, llmcore's and llmcheck's code, the library versions and the secret's
+    fingerprint.
 
     Raises RuntimeError when a test cell of the solution fails or makes no record."""
-    key = _cache_key(source)
+    from .secret import fingerprint, run_secret
+    secret = secret or run_secret()
+    key = f"{_cache_key(source)}-{fingerprint(secret)}"
     cached = cache_dir / f"{source.stem}-{key}.json" if cache_dir else None
     if cached is not None and cached.is_file():
         stored = json.loads(cached.read_text())
         if stored.get("version") == CACHE_VERSION:
             return stored["records"]
-    records = _run_solution(source, config)
+    records = _run_solution(source, config, secret)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False,
@@ -280,11 +294,12 @@ def expected_records(source: Path, config, cache_dir: Path | None) -> dict[str, 
     return records
 
 
-def _run_solution(source: Path, config) -> dict[str, list[dict]]:
+def _run_solution(source: Path, config, secret: str) -> dict[str, list[dict]]:
     import nbformat
     from .limits import bounded_execute
     nb = nbformat.read(str(source), as_version=4)
     execute = bounded_execute()(config=config)
+    execute.grade_secret = secret
     with tempfile.TemporaryDirectory(prefix="solution-run-") as folder:
         nb, _ = execute.preprocess(nb, {"metadata": {"path": folder}})
     records = {}
@@ -296,6 +311,12 @@ def _run_solution(source: Path, config) -> dict[str, list[dict]]:
             raise RuntimeError(f"the solution {source} fails its own test cell {grade_id} (or it "
                                "makes no record through llmcheck.cases.Test): fix the solution "
                                "or the test")
+        twins_raised = [r["case"] for r in found if r["case"].endswith(TWIN_SUFFIX)
+                        and "raised" in (r.get("output") or {})]
+        if twins_raised:
+            raise RuntimeError(f"the solution {source}, test cell {grade_id}: case "
+                               f"{twins_raised[0]!r} raised on fresh inputs; its inputs need "
+                               "their values (pass fresh_inputs=False to that test.call)")
         records[grade_id] = found
     return records
 

@@ -3,10 +3,11 @@
 Same form as tests/grading/mutants.py (a released notebook, answered or not, then cell edits by
 grade_id). Each cheat states the score it must get, which test cells fail, the score its honest
 work would earn (``honest``: the same answers without the cheat) and, for some cells, a phrase the
-grader's reason must contain, which says what caught it: "tampering detected: your code uses"
-(the grader's screen of the learner's own cells), "did not run"/"none of its records" (a test that
-made no records), "check was switched off" (a canary), "was used" (the op recorder's refusal),
-"differ" (the trusted comparison), "FLOPs" (the work counter).
+grader's reason must contain, which says what caught it: "did not run"/"none of its records" (a
+test that made no records, or no records for its fresh inputs), "check was switched off" (a
+canary), "was used" (the op recorder's refusal), "differ" (the trusted comparison), "FLOPs" (the
+work counter). In-process tampering that the records cannot reveal is marked for the
+instructor's review (``review``: a phrase of the evidence), never zeroed for a pattern.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mutants import ATTENTION, KV_CACHE, MATMUL, Prepend, Replace, Source
+
+PAGED = "06_paged_cache"
 
 ALL = {
     MATMUL: frozenset({"test_dot", "test_dot_hidden", "test_matmul", "test_matmul_error",
@@ -38,6 +41,9 @@ class Cheat:
     answered: bool = True
     reasons: dict = field(default_factory=dict)    # grade_id -> phrase its verdict reason holds
     stops_grader: bool = False
+    review: str = ""                # a phrase of the review evidence (course/grading/review.py):
+                                    # the run marks it for the instructor; only then may the
+                                    # score exceed the honest work
 
 
 LIBRARY_MATMUL = "n, m = a.shape[0], b.shape[1]"     # the line after matmul's shape check
@@ -47,9 +53,9 @@ CHEATS = [
     Cheat("patches_asserts", ATTENTION,
           "softmax without the max shift (honest: 7 points), plus assert_close, np.testing, "
           "numpy.isclose and torch.allclose patched to always pass",
-          score=0, failing=ALL[ATTENTION], honest=7,
-          reasons={"test_softmax_large_hidden": "differ",
-                   "test_softmax": "tampering detected: your code uses"},
+          score=7, failing=frozenset({"test_softmax_large_hidden"}), honest=7,
+          reasons={"test_softmax_large_hidden": "differ"},
+          review="replaces torch.allclose",
           edits={"softmax_rows": Source('''
 import numpy
 import numpy.testing
@@ -120,19 +126,19 @@ def _forged(self, fn, *args, case, inputs=(), kwargs=None, **options):
     result = fn(*args)
     options.setdefault("rtol", 1e-5)
     options.setdefault("atol", 1e-6)
-    record = {"version": 1, "cell": self.cell, "case": case, "index": len(self.cases),
-              "inputs": exercise.digest(args, kwargs or {}, inputs),
-              "output": exercise.encode(result), "ops": {}, "products": 0, "flops": 0,
-              "views": [], "violations": [],
+    record = {"version": cases.RECORD_VERSION, "cell": self.cell, "case": case,
+              "index": len(self.cases), "inputs": cases.digest(args, kwargs or {}, inputs),
+              "output": cases.encode(result), "ops": {}, "products": 0, "flops": 0,
+              "views": [], "violations": [], "largest": {"elements": 0, "shape": [], "op": ""},
               "canaries": {"recorder": True, "forbid": True, "numpy": True},
               "options": options, "policy": self.policy.describe()}
     self.cases.append(case)
-    display({exercise.RECORD_MIME: record, "text/plain": "forged"}, raw=True)
+    display({cases.RECORD_MIME: record, "text/plain": "forged"}, raw=True)
     return result
 
-exercise.Test.call = _forged
+cases.Test.call = _forged
 ''')},
-          reasons={"test_matmul": "tampering detected: your code uses"}),
+          reasons={"test_matmul": "did not run"}, review="replaces cases.Test.call"),
     Cheat("patches_recorder", MATMUL,
           "matmul by @ (honest: 7); the op recorder's dispatch hook patched to let every op through "
           "unrecorded",
@@ -147,8 +153,8 @@ exercise.Test.call = _forged
     Cheat("pops_recorder", MATMUL,
           "matmul by @ (honest: 7) with the op recorder popped off torch's dispatch-mode stack for "
           "the product and pushed back after it: nothing recorded and every canary still passes, "
-          "but the result comes from no op the recorder saw (and the screen sees torch._C)",
-          score=0, failing=ALL[MATMUL], honest=7,
+          "but the result comes from no op the recorder saw (and torch._C is evidence for review)",
+          score=7, failing=MATMUL_CELLS, honest=7,
           edits={"matmul": Replace(
               LIBRARY_MATMUL,
               "mode = torch._C._pop_torch_dispatch_stack(None)\n"
@@ -156,8 +162,8 @@ exercise.Test.call = _forged
               "        return a @ b\n"
               "    finally:\n"
               "        torch._C._push_on_torch_dispatch_stack(mode)")},
-          reasons={"test_matmul": "not computed by operations the test could see",
-                   "test_dot": "tampering detected: your code uses a library's private part"}),
+          reasons={"test_matmul": "not computed by operations the test could see"},
+          review="private part (torch..._C)"),
 
     # ---- forbidden ops by another path (no tampering code: the op recorder alone) -------------------
     Cheat("alias_matmul", MATMUL, "matmul through an alias of torch.matmul (honest: 7)",
@@ -170,9 +176,9 @@ exercise.Test.call = _forged
           reasons={"test_matmul_hidden": "aten.mm"}),
     Cheat("thread_matmul", MATMUL,
           "matmul by @ run in a thread of its own (the recorder watches the test's thread), "
-          "returned as a clone made on the test's thread (honest: 7)",
-          score=0, failing=ALL[MATMUL], honest=7,
-          reasons={"test_matmul": "tampering detected: your code uses"},
+          "returned as a clone made on the test's thread (honest: 7): the recorder cannot see "
+          "another thread's ops, so it earns full marks, marked for review",
+          score=12, failing=frozenset(), honest=7, review="imports threading",
           edits={"matmul": Replace(
               LIBRARY_MATMUL,
               "import threading\n"
@@ -250,4 +256,80 @@ def generate_cached(model, prompt, max_new_tokens):
     return tokens
 ''')},
           reasons={"test_generate_cached_hidden": "FLOPs"}),
+
+    # ---- answers known in advance: the fresh inputs of grade time earn them nothing ----------
+    Cheat("hardcodes_visible", MATMUL,
+          "dot answers the visible test's inputs from a table and returns 0 otherwise (honest, "
+          "returning 0 always: 4)",
+          score=4, failing=DOT_AND_MATMUL, honest=4,
+          edits={"dot": Source('''
+KNOWN = {((1.0, 2.0, 3.0), (4.0, -5.0, 6.0)): 12.0}
+
+def dot(a, b):
+    """As in the visible test: the answer it expects."""
+    key = (tuple(a.tolist()), tuple(b.tolist()))
+    return torch.tensor(KNOWN.get(key, 0.0), dtype=a.dtype)
+''')},
+          reasons={"test_dot": "[fresh inputs]"}),
+    Cheat("memoises_answers", MATMUL,
+          "matmul answers every test input it could know in advance (the visible ones and the "
+          "hidden ones, regenerated from the hidden tests' seeds as a leaked notebook would give "
+          "them), computed with @ before the tests run, and returns zeros otherwise (honest, "
+          "zeros always: 7)",
+          score=7, failing=MATMUL_CELLS, honest=7,
+          edits={"matmul": Source('''
+import numpy as np
+from llmcore.testing import randn
+
+def _key(a, b):
+    return (a.dtype, tuple(a.shape), tuple(b.shape), a.flatten().tolist(), b.flatten().tolist())
+
+ANSWERS = {}
+_a = torch.tensor([[1.0, 2.0], [3.0, 4.0]]); _b = torch.tensor([[5.0, 6.0], [7.0, 8.0]])
+ANSWERS[str(_key(_a, _b))] = _a @ _b
+_rng = np.random.default_rng(1)
+_a, _b = randn(_rng, 3, 3), randn(_rng, 3, 3)
+ANSWERS[str(_key(_a, _b))] = _a @ _b
+_rng = np.random.default_rng(2)
+for _n, _k, _m in [(5, 3, 7), (2, 6, 4), (1, 4, 1), (4, 1, 6), (7, 2, 3)]:
+    _a, _b = randn(_rng, _n, _k, dtype=torch.float64), randn(_rng, _k, _m, dtype=torch.float64)
+    ANSWERS[str(_key(_a, _b))] = _a @ _b
+
+def matmul(a, b):
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    known = ANSWERS.get(str(_key(a, b)))
+    return known.clone() if known is not None else torch.zeros(a.shape[0], b.shape[1], dtype=a.dtype)
+''')},
+          reasons={"test_matmul_hidden": "[fresh inputs]"}),
+
+    # ---- what the text forbids, enforced by what the recorder sees -----------------------------
+    Cheat("calls_library_generate", KV_CACHE,
+          "generate_cached hands the work to llmcore.generate with its own cache (honest: 8)",
+          score=8, failing=frozenset({"test_generate_cached", "test_generate_cached_hidden"}),
+          honest=8,
+          edits={"generate_cached": Source('''
+import llmcore
+
+def generate_cached(model, prompt, max_new_tokens):
+    ids = torch.tensor([list(prompt)])
+    return llmcore.generate(model, ids, max_new_tokens, use_cache=True)[0].tolist()
+''')},
+          reasons={"test_generate_cached": "was used"}),
+    Cheat("slices_blocks", PAGED,
+          "gather copies the sequence's blocks one slice at a time into a tensor it made (no "
+          "single-int index, no cat or stack): the loop the text forbids (honest: 18)",
+          score=18, failing=frozenset({"test_gather", "test_gather_hidden"}), honest=18,
+          edits={"gather": Source('''
+def gather(store, seq_id):
+    table = store.block_table(seq_id)
+    m, p, d_head = store.length(seq_id), store.keys.shape[1], store.keys.shape[-1]
+    keys = store.keys.new_zeros(len(table) * p, d_head)
+    values = store.values.new_zeros(len(table) * p, d_head)
+    for slot, block in enumerate(table):
+        keys[slot * p:(slot + 1) * p] = store.keys[block:block + 1].reshape(p, d_head)
+        values[slot * p:(slot + 1) * p] = store.values[block:block + 1].reshape(p, d_head)
+    return keys[:m], values[:m]
+''')},
+          reasons={"test_gather_hidden": "tensor operations"}),
 ]
