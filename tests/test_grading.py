@@ -10,6 +10,7 @@ tests at the top check the helpers the notebooks' test cells use.
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import hashlib
 import importlib.util
@@ -266,6 +267,10 @@ def _submission(assignment: str, *, answered: bool, edits: dict | None = None):
             cell.source = edit.text.strip("\n")
         elif isinstance(edit, mutants.Prepend):
             cell.source = edit.text + cell.source
+        elif isinstance(edit, mutants.Duplicate):
+            cells.append(cell)
+            cell = copy.deepcopy(cell)
+            cell.source = cell.source if edit.text is None else edit.text.strip("\n")
         elif edit is not None:
             raise TypeError(f"{grade_id}: unknown edit {edit!r} (edits come from {mutants.__name__})")
         cells.append(cell)

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import functools
 
+import ast
+
 from llmcheck.record import MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
+
+HARNESS_METADATA = "harness_changes"
+"""Test-cell metadata the executor writes: what of the harness changed while the cell ran
+(llmcheck/integrity.py), evidence for review."""
+HARNESS_CHANGES = "__import__('llmcheck.integrity', fromlist=['changes']).changes()"
 
 
 @functools.cache
@@ -47,7 +54,7 @@ def bounded_execute() -> type:
                      "secret when nbgrader autogrades, none otherwise (the learner's check)."
         ).tag(config=True)
         preload = List(
-            Unicode(), ["torch", "llmcore"],
+            Unicode(), ["torch", "llmcore", "llmcheck.integrity"],
             help="Modules imported when the kernel starts (before any cell, outside the cell "
                  "timeout), so that a slow first import is never mistaken for a hung "
                  "cell.").tag(config=True)
@@ -80,30 +87,47 @@ def bounded_execute() -> type:
 
         def preprocess_cell(self, cell, resources, index):
             from nbgrader import utils
-            secret = self._secret() if cell.cell_type == "code" and utils.is_grade(cell) \
-                and not utils.is_solution(cell) else ""
-            if not secret:
+            if not (cell.cell_type == "code" and utils.is_grade(cell)
+                    and not utils.is_solution(cell)):
                 return super().preprocess_cell(cell, resources, index)
-            from .secret import cell_token
-            token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", ""))
-            self._tell_kernel(f"import llmcheck.fresh as _fresh\n_fresh.receive({token!r})\n"
-                              "del _fresh")
-            try:
-                return super().preprocess_cell(cell, resources, index)
-            finally:
-                self._tell_kernel("import llmcheck.fresh as _fresh\n_fresh.receive(None)\n"
+            secret = self._secret()
+            if secret:
+                from .secret import cell_token
+                token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", ""))
+                self._tell_kernel(f"import llmcheck.fresh as _fresh\n_fresh.receive({token!r})\n"
                                   "del _fresh")
+            try:
+                cell, resources = super().preprocess_cell(cell, resources, index)
+            finally:
+                if secret:
+                    self._tell_kernel("import llmcheck.fresh as _fresh\n_fresh.receive(None)\n"
+                                      "del _fresh")
+            changes = self._tell_kernel("", ask=HARNESS_CHANGES)
+            if changes:
+                cell.metadata[HARNESS_METADATA] = changes
+            return cell, resources
 
-        def _tell_kernel(self, code: str) -> None:
-            """Run ``code`` silently (no history, no pre/post-run-cell events, no outputs)."""
+        def _tell_kernel(self, code: str, ask: str = ""):
+            """Run ``code`` silently (no history, no pre/post-run-cell events, no outputs); with
+            ``ask``, evaluate that expression afterwards and return its value (a Python
+            literal), or None when the kernel could not answer."""
             async def tell():
                 msg_id = self.kc.execute(code, silent=True, store_history=False,
-                                         allow_stdin=False)
-                await self.async_wait_for_reply(msg_id)
+                                         allow_stdin=False,
+                                         user_expressions={"answer": ask} if ask else None)
+                return await self.async_wait_for_reply(msg_id)
             try:
-                run_sync(tell)()
+                reply = run_sync(tell)()
             except Exception as error:                 # noqa: BLE001 (a dead kernel: the cell fails)
-                self.log.warning("could not hand the kernel its test secret: %s", error)
+                self.log.warning("the kernel did not answer the grader: %s", error)
+                return None
+            if not ask or reply is None:
+                return None
+            answer = reply.get("content", {}).get("user_expressions", {}).get("answer", {})
+            try:
+                return ast.literal_eval(answer.get("data", {}).get("text/plain", ""))
+            except (ValueError, SyntaxError):
+                return None
 
         def preprocess(self, nb, resources=None, km=None):
             self._kept: dict[int, int] = {}

@@ -338,7 +338,11 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
 
     from .review import review_evidence
     verdicts = {}
+    from .limits import HARNESS_METADATA
     evidence = review_evidence(learner_sources(nb, instructor_tests))
+    evidence += [f"the harness changed by the end of {cell.metadata.nbgrader.get('grade_id')}: "
+                 + "; ".join(map(str, cell.metadata[HARNESS_METADATA][:3]))
+                 for cell in _grade_cells(nb) if cell.metadata.get(HARNESS_METADATA)]
     if evidence:
         nb.metadata[REVIEW_METADATA] = evidence
     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mutants import ATTENTION, KV_CACHE, MATMUL, Prepend, Replace, Source
+from mutants import ATTENTION, KV_CACHE, MATMUL, Duplicate, Prepend, Replace, Source
 
 PAGED = "06_paged_cache"
 
@@ -332,4 +332,134 @@ def gather(store, seq_id):
     return keys[:m], values[:m]
 ''')},
           reasons={"test_gather_hidden": "tensor operations"}),
+    Cheat("index_per_block", PAGED,
+          "gather picks each block with index_select and a one-element index, then joins them by "
+          "writing into a tensor it made: a loop over the table in other clothes (honest: 18)",
+          score=18, failing=frozenset({"test_gather", "test_gather_hidden"}), honest=18,
+          edits={"gather": Source('''
+def gather(store, seq_id):
+    table, m = store.block_table(seq_id), store.length(seq_id)
+    p, d_head = store.keys.shape[1], store.keys.shape[-1]
+    out = [store.keys.new_empty(len(table), p, d_head), store.values.new_empty(len(table), p, d_head)]
+    for slot, block in enumerate(table):
+        pick = torch.full((1,), block, dtype=torch.long)
+        for pool, into in zip((store.keys, store.values), out):
+            into[slot:slot + 1] = torch.index_select(pool, 0, pick)
+    return out[0].reshape(-1, d_head)[:m], out[1].reshape(-1, d_head)[:m]
+''')},
+          reasons={"test_gather_hidden": "tensor operations"}),
+
+    # ---- a copied cell: its grade_id repeats (nbgrader alone would stop with KeyError) ----------
+    Cheat("copies_answer_cell", MATMUL,
+          "an honest learner copied the dot cell to try a variant below it (the copy keeps the "
+          "cell's grade_id); both definitions are right: full marks, the CSV says which was graded",
+          score=12, failing=frozenset(), honest=12,
+          edits={"dot": Duplicate('''
+def dot(a, b):
+    """Second try: the same sum, accumulated in a Python float first."""
+    total = 0.0
+    for i in range(a.shape[0]):
+        total = total + a[i] * b[i]
+    return torch.as_tensor(total, dtype=a.dtype) if not isinstance(total, torch.Tensor) else total
+''')}),
+    Cheat("copies_test_cell", MATMUL,
+          "dot returns 0 (honest: 4) and the visible dot test is copied with its body replaced by "
+          "`pass`: the first copy is the instructor's cell, graded; the other runs as ordinary code",
+          score=4, failing=DOT_AND_MATMUL, honest=4,
+          edits={"dot": Source("def dot(a, b):\n    return torch.zeros((), dtype=a.dtype)\n"),
+                 "test_dot": Duplicate("pass")}),
+
+    # ---- the harness reached in process: the records decide, or the run marks it for review ----
+    Cheat("gc_empties_policy", MATMUL,
+          "matmul by @ after emptying every live Policy object found through the garbage "
+          "collector (honest: 7): the records show rules other than the test's",
+          score=7, failing=MATMUL_CELLS, honest=7, review="imports gc",
+          edits={"matmul": Replace(LIBRARY_MATMUL, '''import gc, dataclasses
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "Policy" and dataclasses.is_dataclass(obj):
+            for f in dataclasses.fields(obj):
+                value = getattr(obj, f.name)
+                if isinstance(value, (frozenset, tuple)):
+                    object.__setattr__(obj, f.name, type(value)())
+                elif isinstance(value, bool):
+                    object.__setattr__(obj, f.name, False)
+                elif value is not None and f.name == "allow":
+                    object.__setattr__(obj, f.name, None)
+    return a @ b''')}),
+    Cheat("sys_modules_call", MATMUL,
+          "Test.call reached through sys.modules by a name built from strings and replaced by one "
+          "that computes the answer with @ outside the recorder and hands the harness a function "
+          "returning a copy of it (honest: 7): every fresh-input twin gets the stale answer",
+          score=1, failing=ALL[MATMUL] - {"test_matmul_error"}, honest=7,
+          review="uses .modules",
+          edits={"matmul": Replace(LIBRARY_MATMUL, "return a @ b"),
+                 "dot": Prepend('''
+import sys
+_cases = sys.modules["llm" + "check" + ".cases"]
+_real_call = _cases.Test.call
+
+def _outside(self, fn, *args, case, **options):
+    names = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements",
+             "max_ops_ratio", "inputs", "kwargs", "fresh_inputs")
+    answer = fn(*args, **{k: v for k, v in options.items() if k not in names})
+    return _real_call(self, lambda *a, **k: answer.clone(), *args, case=case, **options)
+
+_cases.Test.call = _outside
+''')},
+          reasons={"test_matmul": "[fresh inputs]"}),
+    Cheat("exec_hidden_patch", MATMUL,
+          "base64 code run through exec fetched with attrgetter from __import__(\"built\" + "
+          "\"ins\"): it patches the op recorder to let a product through unseen only when it "
+          "comes from the learner's matmul (the canaries still pass), and matmul returns a clone "
+          "of a @ b (honest: 7): the records cannot tell, the run marks it for review",
+          score=12, failing=frozenset(), honest=7, review="calls __import__()",
+          edits={"dot": Prepend(
+              "import base64, operator\n"
+              "_code = base64.b64decode(" + repr(__import__("base64").b64encode(b'''
+import sys
+_rec = sys.modules["llmcheck.recorder"].OpRecorder
+_orig = _rec.__torch_dispatch__
+def _dispatch(self, func, types, args=(), kwargs=None):
+    frame = sys._getframe(1)
+    while frame is not None and func.overloadpacket.__name__ == "mm":
+        if frame.f_code.co_name == "matmul":
+            return func(*args, **(kwargs or {}))
+        frame = frame.f_back
+    return _orig(self, func, types, args, kwargs)
+_rec.__torch_dispatch__ = _dispatch
+''').decode()) + ").decode()\n"
+              "operator.attrgetter(\"ex\" + \"ec\")(__import__(\"built\" + \"ins\"))(_code)\n"),
+                 "matmul": Replace(LIBRARY_MATMUL, "return (a @ b).clone()")}),
+    Cheat("ctypes_gemm", MATMUL,
+          "matmul by BLAS's gemm called through ctypes on the tensors' memory, into a tensor "
+          "made inside the call (honest: 7): no op multiplies, the run marks it for review",
+          score=12, failing=frozenset(), honest=7, review="imports ctypes",
+          edits={"matmul": Source('''
+import ctypes, os, torch
+_blas = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+
+def matmul(a, b):
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    n, k = a.shape
+    m = b.shape[1]
+    a, b = a.contiguous(), b.contiguous()
+    out = torch.empty(n, m, dtype=a.dtype)
+    gemm, real = ((_blas.dgemm_, ctypes.c_double) if a.dtype == torch.float64
+                  else (_blas.sgemm_, ctypes.c_float))
+    no, one, zero = ctypes.c_char(b"N"), real(1.0), real(0.0)
+    sizes = [ctypes.c_int(v) for v in (m, n, k, m, k, m)]
+    ref = ctypes.byref
+    gemm(ref(no), ref(no), ref(sizes[0]), ref(sizes[1]), ref(sizes[2]), ref(one),
+         ctypes.c_void_p(b.data_ptr()), ref(sizes[3]), ctypes.c_void_p(a.data_ptr()),
+         ref(sizes[4]), ref(zero), ctypes.c_void_p(out.data_ptr()), ref(sizes[5]))
+    return out
+''')}),
+    Cheat("disables_dispatch", MATMUL,
+          "matmul by @ under torch._C._DisableTorchDispatch (the recorder never sees it), "
+          "returned as a clone (honest: 7): the run marks it for review",
+          score=12, failing=frozenset(), honest=7, review="private part (torch..._C)",
+          edits={"matmul": Replace(LIBRARY_MATMUL, '''with torch._C._DisableTorchDispatch():
+        product = a @ b
+    return product.clone()''')}),
 ]

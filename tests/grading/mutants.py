@@ -39,6 +39,13 @@ class Delete:
 
 
 @dataclass(frozen=True)
+class Duplicate:
+    """Keep the cell and put a copy after it, nbgrader metadata (its grade_id) included, as
+    JupyterLab's copy and paste does; ``text`` replaces the copy's source when given."""
+    text: str | None = None
+
+
+@dataclass(frozen=True)
 class Submission:
     student: str
     assignment: str                 # its notebook is ASSIGNMENTS[assignment] + ".ipynb"
