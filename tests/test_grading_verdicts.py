@@ -154,6 +154,21 @@ def test_judge_passes_the_same_records_and_refuses_authoring_errors():
         judge("test_x", [], [_record()])
 
 
+def test_a_learners_own_exception_class_counts_as_its_base_class():
+    """PoolExhausted(RuntimeError) is a RuntimeError: raises() and a raising case accept it."""
+    expect = {"rtol": 1e-5, "atol": 1e-6, "expect": "RuntimeError", "match": "full"}
+    want = _record(options=expect, output={"raised": {"type": "RuntimeError", "message": "full"}})
+    own = {"type": "PoolExhausted", "message": "pool full",
+           "types": ["PoolExhausted", "RuntimeError", "Exception", "BaseException"]}
+    assert judge("test_x", [want], [_record(options=expect, output={"raised": own})]).passed
+    other = dict(own, types=["PoolExhausted", "Exception", "BaseException"])
+    verdict = judge("test_x", [want], [_record(options=expect, output={"raised": other})])
+    assert not verdict.passed and "expected RuntimeError, got PoolExhausted" in verdict.reason
+    raising = _record(output={"raised": {"type": "KeyError", "message": "'x'"}})
+    assert judge("test_x", [raising], [_record(output={"raised": dict(
+        own, type="Unknown", types=["Unknown", "KeyError", "LookupError"])})]).passed
+
+
 def test_judge_refuses_an_allocation_above_max_elements():
     options = {"rtol": 1e-5, "atol": 1e-6, "max_elements": 512}
     want = _record(options=options, largest={"elements": 512, "shape": [64, 8], "op": "aten.mm"})

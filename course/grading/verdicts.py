@@ -97,9 +97,16 @@ def compare(want: dict, got: dict, *, rtol: float, atol: float, where: str = "th
     if "raised" in want:
         if "raised" not in got:
             return f"{where}: expected {want['raised']['type']} to be raised"
-        return "" if got["raised"].get("type") == want["raised"]["type"] else \
+        return "" if _is_a(got["raised"], want["raised"]["type"]) else \
             f"{where}: expected {want['raised']['type']}, got {got['raised'].get('type')}"
     return f"{where}: the expected output has an unknown form"
+
+
+def _is_a(raised: dict, expected: str) -> bool:
+    """Whether a recorded exception is an instance of the class named ``expected`` (its own
+    type or any base class: a learner's ``PoolExhausted(RuntimeError)`` is a RuntimeError)."""
+    types = raised.get("types")
+    return expected in types if isinstance(types, list) else raised.get("type") == expected
 
 
 def _kind(encoded: dict) -> str:
@@ -201,7 +208,7 @@ def _compare_output(want: dict, have: dict, where: str) -> str:
         raised = got.get("raised")
         if not raised:
             return f"{where}: expected {options['expect']} to be raised, but the function returned"
-        if raised.get("type") != options["expect"]:
+        if not _is_a(raised, options["expect"]):
             return f"{where}: expected {options['expect']}, got {raised.get('type')}"
         if options.get("match") and not re.search(options["match"], str(raised.get("message"))):
             return f"{where}: the {options['expect']} message does not match {options['match']!r}"
