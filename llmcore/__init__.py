@@ -7,10 +7,12 @@ Importing llmcore has no side effects: it prints nothing and picks no device.
 
 from .attention import attention, attention_loop
 from .batching import generate_batch, pad_batch
+from .block_allocator import BlockAllocator, OutOfBlocks
 from .checkpoint import load_gpt2, save_gpt2
 from .device import describe_machine, pick_device
 from .ffn import ffn, ffn_loop, gelu
-from .generate import decode_steps, generate, sample
+from .generate import decode_steps, generate
+from .sampling import sample
 from .kvcache import KVCache, kv_bytes_per_token
 from .matmul import dot_loop, linear, linear_loop, matmul, matmul_loop
 from .model import GPT, GPTConfig
@@ -18,7 +20,7 @@ from .multihead import (fuse_qkv, merge_heads, multihead_attention, multihead_at
                         multihead_attention_qkv, qkv_projection, split_heads)
 from .norm import layer_norm, layer_norm_loop
 from .peak_memory import peak_memory
-from .paged import BlockAllocator, OutOfBlocks, PagedKVCache
+from .paged import PagedKVCache
 from .parallel import shard_attention_weights, tensor_parallel_attention
 from .prefix import SharedPrefixCache
 from .pretrained import load_pretrained

@@ -63,14 +63,19 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None)
     return group
 
 
-def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+def attention_loop(q: Tensor, k: Tensor, v: Tensor, *,
+                   causal: bool = False,
                    mask: Tensor | None = None) -> Tensor:
-    """Scaled dot-product attention, one query row at a time. Slow; use tiny shapes.
+    """Scaled dot-product attention, one query row at a time. Slow; use
+    tiny shapes.
 
-    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)
-    causal: query i sees keys j <= i + (m - n) (bottom-right aligned: right for a KV cache).
-    mask: bool, broadcastable to (..., h, n, m); True where a query may attend to a key.
-    A query that may see no key at all gets a zero row. Chapter 3.
+    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)
+    -> (..., h, n, d_head)
+    causal: query i sees keys j <= i + (m - n) (bottom-right aligned:
+    right for a KV cache).
+    mask: bool, broadcastable to (..., h, n, m); True where a query may
+    attend to a key. A query that may see no key at all gets a zero row.
+    Chapter 3.
     """
     group = check_attention_inputs(q, k, v, mask)
     n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -79,18 +84,20 @@ def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         allowed = causal_mask(n, m, q.device)
     if mask is not None:
         allowed = allowed & mask
-    allowed = allowed.expand(*q.shape[:-1], m)                 # (..., h, n, m)
+    allowed = allowed.expand(*q.shape[:-1], m)              # (..., h, n, m)
     out = torch.zeros_like(q)
-    for idx in np.ndindex(*q.shape[:-2]):                       # every (batch..., head) index
+    for idx in np.ndindex(*q.shape[:-2]):     # every (batch..., head) index
         kv_idx = idx[:-1] + (idx[-1] // group,) if group > 1 else idx
-        keys, values = k[kv_idx], v[kv_idx]                     # (m, d_head) each
-        for i in range(n):                                      # each query
-            visible = allowed[idx][i].nonzero().flatten().tolist()   # keys this query may see
+        keys, values = k[kv_idx], v[kv_idx]               # (m, d_head) each
+        for i in range(n):                                # each query
+            # the keys this query may see
+            visible = allowed[idx][i].nonzero().flatten().tolist()
             if not visible:
-                continue                                        # nothing to attend to: zeros
-            scores = torch.stack([q[idx][i] @ keys[j] for j in visible]) / math.sqrt(d_head)
-            weights = softmax(scores)                           # (len(visible),)
-            for weight, j in zip(weights, visible):             # weighted sum of value rows
+                continue                       # nothing to attend to: zeros
+            scores = torch.stack([q[idx][i] @ keys[j] for j in visible])
+            scores = scores / math.sqrt(d_head)
+            weights = softmax(scores)                    # (len(visible),)
+            for weight, j in zip(weights, visible):      # sum of value rows
                 out[idx][i] += weight * values[j]
     return out
 
@@ -98,18 +105,22 @@ def attention_loop(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 def attention_scores(q: Tensor, k: Tensor) -> Tensor:
     """Scaled scores q k^T / sqrt(d_head) of every query against every key.
 
-    q: (..., h, n, d_head)   k: (..., h_kv, m, d_head)   ->   (..., h, n, m). With h_kv < h, the g = h
-    / h_kv query heads that share a K head are stacked as g n rows of one matmul against it, so K
-    is read once, never repeated per query head. Chapter 3 (grouped heads: Chapter 4).
+    q: (..., h, n, d_head)   k: (..., h_kv, m, d_head)   ->   (..., h, n, m)
+    With h_kv < h, the g = h / h_kv query heads that share a K head are
+    stacked as g n rows of one matmul against it, so K is read once, never
+    repeated per query head. Chapter 3 (grouped heads: Chapter 4).
     """
     d_head = q.shape[-1]
-    q = q / math.sqrt(d_head)      # the same as dividing the scores: n d_head divisions, not n m
+    # the same as dividing the scores: n d_head divisions, not n m
+    q = q / math.sqrt(d_head)
     if q.dim() < 3 or q.shape[-3] == k.shape[-3]:
-        return q @ k.transpose(-2, -1)                                      # (..., n, m)
+        return q @ k.transpose(-2, -1)                         # (..., n, m)
     *lead, h, n, _ = q.shape
-    rows = q.reshape(*lead, k.shape[-3], h // k.shape[-3] * n, d_head)      # (..., h_kv, g n, d_head)
-    scores = rows @ k.transpose(-2, -1)                                     # (..., h_kv, g n, m)
-    return scores.view(*lead, h, n, k.shape[-2])                            # (..., h, n, m)
+    h_kv = k.shape[-3]
+    # (..., h_kv, g n, d_head): the g query heads of each K head, stacked
+    rows = q.reshape(*lead, h_kv, h // h_kv * n, d_head)
+    scores = rows @ k.transpose(-2, -1)                 # (.., h_kv, g n, m)
+    return scores.view(*lead, h, n, k.shape[-2])        # (..., h, n, m)
 
 
 def weighted_values(weights: Tensor, v: Tensor) -> Tensor:
@@ -126,32 +137,42 @@ def weighted_values(weights: Tensor, v: Tensor) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-              mask: Tensor | None = None, backend: str = "explicit") -> Tensor:
+              mask: Tensor | None = None,
+              backend: str = "explicit") -> Tensor:
     """Same contract as :func:`attention_loop`, all queries at once.
 
-    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)
-    scores = q k^T / sqrt(d_head) is (..., h, n, m); masked scores become -inf before the softmax.
-    backend: ``"explicit"`` (default) or ``"fused"`` (PyTorch's scaled_dot_product_attention).
+    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)
+    -> (..., h, n, d_head)
+    scores = q k^T / sqrt(d_head) is (..., h, n, m); masked scores become
+    -inf before the softmax. backend: ``"explicit"`` (default) or
+    ``"fused"`` (PyTorch's scaled_dot_product_attention).
     Chapter 3 (grouped K/V: Chapter 4; the fused kernel: Chapter 10).
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        raise ValueError(f"backend: expected one of {BACKENDS}, "
+                         f"got {backend!r}")
     group = check_attention_inputs(q, k, v, mask)
     n, m = q.shape[-2], k.shape[-2]
     if backend == "fused" and causal and mask is None and n == m:
-        # the kernel's own causal rule is top-left aligned, which is the same when n == m,
-        # and it never builds an (n, m) mask
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=group > 1)
-    # one new query (a decode step) sits after every key: the causal mask would be all True
+        # the kernel's own causal rule is top-left aligned, which is the
+        # same when n == m, and it never builds an (n, m) mask
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=group > 1)
+    # one new query (a decode step) sits after every key: the causal mask
+    # would be all True
     allowed = causal_mask(n, m, q.device) if causal and n > 1 else None
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     if backend == "fused":
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=group > 1)
-        if allowed is not None:                     # rows with no visible key: zeros, as explicit
-            out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                             enable_gqa=group > 1)
+        if allowed is not None:
+            # rows with no visible key: zeros, as the explicit backend gives
+            visible = allowed.any(dim=-1, keepdim=True)
+            out = out.masked_fill(~visible, 0.0)
         return out
-    scores = attention_scores(q, k)                                      # (..., h, n, m)
+    scores = attention_scores(q, k)                         # (..., h, n, m)
     if allowed is not None:
-        scores += mask_bias(allowed, scores.dtype)                       # + M: 0 or -inf
-    return weighted_values(softmax(scores, dim=-1, inplace=True), v)     # (..., h, n, d_head)
+        scores += mask_bias(allowed, scores.dtype)     # + M: 0 or -inf
+    weights = softmax(scores, dim=-1, inplace=True)    # (..., h, n, m)
+    return weighted_values(weights, v)                 # (..., h, n, d_head)

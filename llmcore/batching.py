@@ -25,53 +25,69 @@ def pad_batch(prompts: Sequence[TokenList | Tensor], *, pad_id: int = 0,
               device=None) -> tuple[Tensor, Tensor]:
     """Left-pad token lists to one length.
 
-    prompts: b sequences of token ids (lists or 1-D tensors), each non-empty
-    -> tokens (b, n) long, attention_mask (b, n) bool (False on padding), n = the longest prompt.
-    Chapter 8.
+    prompts: b sequences of token ids (lists or 1-D tensors), each
+    non-empty -> tokens (b, n) long, attention_mask (b, n) bool (False on
+    padding), n = the longest prompt. Chapter 8.
     """
     if len(prompts) == 0:
-        raise ValueError("pad_batch: expected at least one prompt, got none")
-    rows = [p.tolist() if isinstance(p, Tensor) else list(p) for p in prompts]
+        raise ValueError("pad_batch: expected at least one prompt, "
+                         "got none")
+    rows = [p.tolist() if isinstance(p, Tensor) else list(p)
+            for p in prompts]
     for i, row in enumerate(rows):
         if len(row) == 0:
-            raise ValueError(f"pad_batch: prompt {i} is empty; every prompt needs a token")
+            raise ValueError(f"pad_batch: prompt {i} is empty; every "
+                             "prompt needs a token")
     n = max(len(row) for row in rows)
-    tokens = torch.full((len(rows), n), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros(len(rows), n, dtype=torch.bool, device=device)
+    b = len(rows)
+    tokens = torch.full((b, n), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(b, n, dtype=torch.bool, device=device)
     for i, row in enumerate(rows):
-        tokens[i, n - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
+        tokens[i, n - len(row):] = torch.tensor(row, dtype=torch.long,
+                                                device=device)
         mask[i, n - len(row):] = True
     return tokens, mask
 
 
 def generate_batch(model, prompts: Sequence[TokenList | Tensor],
-                   max_new_tokens: int | Sequence[int], *, eos_id: int | None = None,
-                   temperature: float = 0.0, top_k: int | None = None,
-                   seeds: Sequence[int] | None = None, use_cache: bool = True,
-                   prefix: TokenList | Tensor | None = None, pad_id: int = 0,
+                   max_new_tokens: int | Sequence[int], *,
+                   eos_id: int | None = None, temperature: float = 0.0,
+                   top_k: int | None = None,
+                   seeds: Sequence[int] | None = None,
+                   use_cache: bool = True,
+                   prefix: TokenList | Tensor | None = None,
+                   pad_id: int = 0,
                    backend: str = "explicit") -> list[list[int]]:
-    """Generate for several prompts in one batch; return each sequence's new tokens.
+    """Generate for several prompts in one batch; return each sequence's
+    new tokens.
 
-    prompts: b token lists of any lengths. max_new_tokens: one limit for all, or one per sequence.
-    A sequence stops at its own limit or right after emitting eos_id (which is kept); the batch
-    stops when every sequence has. seeds: one per sequence, so sampling draws what it draws alone.
-    prefix: tokens shared by every prompt (a system prompt), placed before each prompt; its keys
-    and values are computed once and shared (:class:`llmcore.prefix.SharedPrefixCache`).
+    prompts: b token lists of any lengths. max_new_tokens: one limit for
+    all, or one per sequence. A sequence stops at its own limit or right
+    after emitting eos_id (which is kept); the batch stops when every
+    sequence has. seeds: one per sequence, so sampling draws what it draws
+    alone. prefix: tokens shared by every prompt (a system prompt), placed
+    before each prompt; its keys and values are computed once and shared
+    (:class:`llmcore.prefix.SharedPrefixCache`).
     -> b lists of generated token ids. Chapter 8.
     """
     b = len(prompts)
-    limits = [max_new_tokens] * b if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    limits = ([max_new_tokens] * b if isinstance(max_new_tokens, int)
+              else list(max_new_tokens))
     if len(limits) != b:
-        raise ValueError(f"max_new_tokens: expected one limit per prompt ({b}), got {len(limits)}")
+        raise ValueError(f"max_new_tokens: expected one limit per prompt "
+                         f"({b}), got {len(limits)}")
     if seeds is not None and len(seeds) != b:
-        raise ValueError(f"seeds: expected one seed per prompt ({b}), got {len(seeds)}")
+        raise ValueError(f"seeds: expected one seed per prompt ({b}), "
+                         f"got {len(seeds)}")
     device = model.device
     tokens, mask = pad_batch(prompts, pad_id=pad_id, device=device)
     cache = None
     if prefix is not None:
         if not use_cache:
-            raise ValueError("prefix sharing needs the KV cache: use_cache=True")
-        prefix_ids = torch.as_tensor(prefix, dtype=torch.long, device=device).reshape(1, -1)
+            raise ValueError("prefix sharing needs the KV cache: "
+                             "use_cache=True")
+        prefix_ids = torch.as_tensor(prefix, dtype=torch.long,
+                                     device=device).reshape(1, -1)
         cache = SharedPrefixCache.prefill(model, prefix_ids, batch_size=b)
     elif use_cache:
         cache = KVCache.for_model(model, b)
@@ -79,9 +95,11 @@ def generate_batch(model, prompts: Sequence[TokenList | Tensor],
     done = [limit == 0 for limit in limits]
     if all(done):
         return outputs
-    steps = decode_steps(model, tokens, max(limits), use_cache=use_cache, cache=cache,
-                         attention_mask=mask, temperature=temperature, top_k=top_k,
-                         seed=list(seeds) if seeds is not None else None, backend=backend)
+    steps = decode_steps(model, tokens, max(limits), use_cache=use_cache,
+                         cache=cache, attention_mask=mask,
+                         temperature=temperature, top_k=top_k,
+                         seed=list(seeds) if seeds is not None else None,
+                         backend=backend)
     for step in steps:
         for i, token in enumerate(step.tokens.tolist()):
             if done[i]:

@@ -1,6 +1,7 @@
 """The interface every KV cache speaks to the model, stated in code.
 
-A forward call with a cache (``GPT.forward(tokens, cache)``) asks it, in this order:
+A forward call with a cache (``model(tokens, cache)``, :meth:`llmcore.decoder.Decoder.forward`)
+asks it, in this order:
 
 1. ``max_length``: how many tokens its longest sequence already holds (for the max_seq_len check);
 2. ``prepare(b, n, attention_mask)``: whether n more tokens for b sequences fit (it raises before
@@ -11,11 +12,11 @@ A forward call with a cache (``GPT.forward(tokens, cache)``) asks it, in this or
 4. ``commit(n, attention_mask)``: the new tokens now count as cached.
 
 :class:`llmcore.kvcache.KVCache` (contiguous), :class:`llmcore.prefix.SharedPrefixCache` (a
-common prefix read by every sequence) and :class:`llmcore.paged.PagedBatch` (some sequences of a
-:class:`llmcore.paged.PagedKVCache`) all satisfy :class:`Cache`; generation, batching and serving
-use nothing else. The fast path's :class:`llmcore.fastpath.StaticCache` is not a
-:class:`Cache`: it is never handed to ``GPT.forward``; :class:`llmcore.fastpath.FastGPT` writes
-its layers' rows into it directly, so it needs no interface. Chapters 7-9.
+common prefix read by every sequence) and :class:`llmcore.paged_batch.PagedBatch` (some sequences
+of a :class:`llmcore.paged.PagedKVCache`) all satisfy :class:`Cache`; generation, batching and
+serving use nothing else. The fast path's :class:`llmcore.fastpath.StaticCache` is not a
+:class:`Cache`: it is never handed to a model's forward; :class:`llmcore.fastpath.FastDecoder`
+writes its layers' rows into it directly, so it needs no interface. Chapters 7-9.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .layout import Layout
 
 @runtime_checkable
 class Cache(Protocol):
-    """What ``GPT.forward`` needs of a KV cache (b sequences, h query heads, h_kv K/V heads)."""
+    """What a model's forward needs of a KV cache (b sequences, h query heads, h_kv K/V heads)."""
 
     @property
     def max_length(self) -> int:

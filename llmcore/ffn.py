@@ -19,11 +19,14 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 def gelu(x: Tensor) -> Tensor:
-    """GELU in GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    """GELU in GPT-2's tanh form:
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-    Elementwise, so any shape. Equal to ``F.gelu(x, approximate="tanh")``. Chapter 5.
+    Elementwise, so any shape. Equal to ``F.gelu(x, approximate="tanh")``.
+    Chapter 5.
     """
-    return 0.5 * x * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)))
+    inner = _SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+    return 0.5 * x * (1.0 + torch.tanh(inner))
 
 
 def _check_ffn(x: Tensor, w_up: Tensor, b_up: Tensor | None, w_down: Tensor,
@@ -42,15 +45,15 @@ def ffn_loop(x: Tensor, w_up: Tensor, b_up: Tensor | None, w_down: Tensor,
              b_down: Tensor | None) -> Tensor:
     """The FFN one token at a time and one neuron at a time.
 
-    x: (..., n, d)   w_up: (d, f)   b_up: (f,)   w_down: (f, d)   b_down: (d,)   ->   (..., n, d).
-    Chapter 5.
+    x: (..., n, d)   w_up: (d, f)   b_up: (f,)   w_down: (f, d)
+    b_down: (d,)   ->   (..., n, d). Chapter 5.
     """
     _check_ffn(x, w_up, b_up, w_down, b_down)
     f = w_up.shape[1]
     out = torch.empty_like(x)
-    for idx in np.ndindex(*x.shape[:-1]):                    # every token
+    for idx in np.ndindex(*x.shape[:-1]):                      # every token
         hidden = torch.empty(f, dtype=x.dtype, device=x.device)
-        for j in range(f):                                   # every neuron: a column of w_up
+        for j in range(f):                  # every neuron: a column of w_up
             pre = x[idx] @ w_up[:, j] + (0.0 if b_up is None else b_up[j])
             hidden[j] = gelu(pre)
         out[idx] = hidden @ w_down + (0.0 if b_down is None else b_down)
@@ -59,7 +62,8 @@ def ffn_loop(x: Tensor, w_up: Tensor, b_up: Tensor | None, w_down: Tensor,
 
 def ffn(x: Tensor, w_up: Tensor, b_up: Tensor | None, w_down: Tensor,
         b_down: Tensor | None) -> Tensor:
-    """Same contract as :func:`ffn_loop`: two matmuls and an elementwise GELU.
+    """Same contract as :func:`ffn_loop`: two matmuls and an elementwise
+    GELU.
 
     x: (..., n, d) -> hidden (..., n, f) -> (..., n, d). Chapter 5.
     """
@@ -97,11 +101,13 @@ def swiglu_loop(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tens
     return out
 
 
-def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
-    """Same contract as :func:`swiglu_loop`: (silu(x w_gate) * (x w_up)) w_down, three matmuls.
+def swiglu(x: Tensor, w_gate: Tensor, w_up: Tensor,
+           w_down: Tensor) -> Tensor:
+    """Same contract as :func:`swiglu_loop`:
+    (silu(x w_gate) * (x w_up)) w_down, three matmuls.
 
-    x: (..., n, d) -> gate and up (..., n, f) -> (..., n, d). No biases (Llama has none).
-    Chapter 11.
+    x: (..., n, d) -> gate and up (..., n, f) -> (..., n, d). No biases
+    (Llama has none). Chapter 11.
     """
     _check_swiglu(x, w_gate, w_up, w_down)
     return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)

@@ -1,150 +1,118 @@
-"""From logits to tokens: sampling, and the generation loop with or without a KV cache.
+"""Generation: the teaching step, with or without a KV cache, and ``generate`` itself.
 
-Only the last row of the logits predicts the next token. Generation alternates: run the model,
-take the last row (b, v), pick a token per sequence, append, repeat. Without a cache every step
-re-runs the whole sequence; with one, the prompt runs once (prefill) and each step then computes
-only the newest token (decode). Chapters 6 and 7.
+Only the last row of the logits predicts the next token. Without a cache every step re-runs the
+whole sequence; with one, the prompt runs once (prefill) and each step then computes only the
+newest token (decode). Either way the loop is :func:`llmcore.decode.decode`; ``fast=True`` hands
+it the fast path's step (:mod:`llmcore.fastpath`) instead of :class:`ModelStep`. Chapters 6
+and 7.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from .cache import Cache
+from .decode import DecodeStep, check_request, collect, decode
+from .fastpath import FastDecoder, FastStep, fast_model
 from .kvcache import KVCache
-from .masks import NEG_INF
-from .shapes import check_shape, check_tensor
-from .softmax import softmax
+from .sampling import token_picker
 
 
-def _generators(seed: int | Sequence[int] | None, b: int, device) -> list[torch.Generator] | None:
-    """One generator for the batch (an int), one per sequence (a list), or None (global RNG)."""
-    if seed is None:
-        return None
-    if device is not None and torch.device(device).type == "meta":
-        raise ValueError("sampling needs real numbers: the meta device has none (use greedy)")
-    seeds = [seed] if isinstance(seed, int) else list(seed)
-    if not isinstance(seed, int) and len(seeds) != b:
-        raise ValueError(f"seed: expected one seed per sequence ({b}), got {len(seeds)}")
-    return [torch.Generator(device=device).manual_seed(s) for s in seeds]
+class ModelStep:
+    """The teaching path's step: the model's own forward, under ``torch.no_grad``.
 
-
-def sample(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None,
-           generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Tensor:
-    """Pick one token per row of logits.
-
-    logits: (b, v) -> (b,) long. temperature 0 is greedy (argmax); otherwise sample from
-    softmax(logits / temperature), keeping only the top_k largest logits if given.
-    generator: one for the whole batch, or a list with one per row (so that a row draws the same
-    numbers whether it is sampled alone or in a batch). Chapter 6.
+    With a cache, the model sees only the new tokens and the cache holds the past (prefill,
+    then decode). Without one (cache None), every step runs the whole sequence so far, the
+    padding mask growing by one column per step. Chapters 6 and 7.
     """
-    check_tensor("logits", logits)
-    b, v = check_shape("logits", logits, ("b", "v")).values()
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and not 0 < top_k:
-        raise ValueError(f"top_k must be positive, got {top_k}")
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature
-    if top_k is not None and top_k < v:
-        kth = scaled.topk(top_k, dim=-1).values[:, -1:]                 # (b, 1)
-        scaled = scaled.masked_fill(scaled < kth, NEG_INF)
-    probs = softmax(scaled, dim=-1)                                     # (b, v)
-    if isinstance(generator, (list, tuple)):
-        if len(generator) != b:
-            raise ValueError(f"generator: expected one per row ({b}), got {len(generator)}")
-        return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)[:, 0]
-                          for i, g in enumerate(generator)])
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
+    def __init__(self, model, cache: Cache | None, attention_mask: Tensor | None,
+                 backend: str):
+        self.model, self.cache, self.backend = model, cache, backend
+        self.mask = attention_mask          # (b, n): the prompt's padding, or None
+        self.seen: Tensor | None = None     # without a cache: every token so far (b, m)
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """One generation step. logits: (b, v), the last row's logits; tokens: (b,), the pick."""
-
-    logits: Tensor
-    tokens: Tensor
-
-
-def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 temperature: float = 0.0, top_k: int | None = None,
-                 seed: int | Sequence[int] | None = None, attention_mask: Tensor | None = None,
-                 cache: Cache | None = None,
-                 backend: str = "explicit") -> Iterator[DecodeStep]:
-    """Yield each step's last-row logits and chosen tokens; ``generate`` collects them.
-
-    prompt_ids: (b, n); attention_mask: (b, n) with 0 for left padding; cache: an empty cache to
-    fill (default: a contiguous :class:`KVCache` when use_cache). Chapters 6 and 7.
-    """
-    check_tensor("prompt_ids", prompt_ids)
-    b, n = check_shape("prompt_ids", prompt_ids, ("b", "n")).values()
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if n + max_new_tokens > model.config.max_seq_len:
-        raise ValueError(f"prompt of {n} tokens + max_new_tokens = {max_new_tokens} exceeds "
-                         f"max_seq_len = {model.config.max_seq_len}")
-    generators = _generators(seed, b, prompt_ids.device)
-    generator = generators[0] if generators is not None and isinstance(seed, int) else generators
-    if use_cache and cache is None:
-        cache = KVCache.for_model(model, b)
-    if not use_cache and cache is not None:
-        raise ValueError("a cache was given with use_cache=False")
-    ids, mask = prompt_ids, attention_mask
-    new = ids                                        # what the model has not seen yet
-    for _ in range(max_new_tokens):
-        with torch.no_grad():      # closed before each yield: the caller's grad mode is its own
-            if use_cache:
-                logits = model(new, cache, attention_mask=mask if new is prompt_ids else None,
-                               backend=backend, last_only=True)
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """tokens: (b, t) new ids -> logits (b, v) of the last position."""
+        model, mask = self.model, self.mask
+        with torch.no_grad():
+            if self.cache is not None:
+                logits = model(tokens, self.cache, attention_mask=mask,
+                               backend=self.backend, last_only=True)
+                self.mask = None      # the cache holds the prompt's padding now
             else:
-                logits = model(ids, attention_mask=mask, backend=backend, last_only=True)
-            last = logits[:, -1]                                             # (b, v)
-            token = sample(last, temperature=temperature, top_k=top_k, generator=generator)
-        yield DecodeStep(last, token)
-        new = token[:, None]                                                 # (b, 1)
-        if not use_cache:
-            ids = torch.cat([ids, new], dim=1)
-            if mask is not None:
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                if self.seen is not None:      # a picked token: one more column
+                    tokens = torch.cat([self.seen, tokens], dim=1)
+                    if mask is not None:
+                        ones = torch.ones_like(mask[:, :1])
+                        self.mask = mask = torch.cat([mask, ones], dim=1)
+                self.seen = tokens
+                logits = model(tokens, attention_mask=mask,
+                               backend=self.backend, last_only=True)
+        return logits[:, -1]                                            # (b, v)
 
 
-def generate(model, prompt_ids: Tensor, max_new_tokens: int, *, use_cache: bool = True,
-             temperature: float = 0.0, top_k: int | None = None,
-             seed: int | Sequence[int] | None = None, eos_id: int | None = None,
-             attention_mask: Tensor | None = None, cache: Cache | None = None,
-             backend: str = "explicit", fast: bool = False) -> Tensor:
+def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *,
+                 use_cache: bool = True, temperature: float = 0.0,
+                 top_k: int | None = None,
+                 seed: int | Sequence[int] | None = None,
+                 attention_mask: Tensor | None = None,
+                 cache: Cache | None = None, backend: str = "explicit",
+                 fast: bool | FastDecoder = False) -> Iterator[DecodeStep]:
+    """Each step's last-row logits and chosen tokens, one
+    :class:`DecodeStep` at a time.
+
+    prompt_ids: (b, n); attention_mask: (b, n) with 0 for left padding;
+    cache: an empty cache to fill (default: a contiguous :class:`KVCache`
+    when use_cache). ``fast``: True, or a
+    :class:`llmcore.fastpath.FastDecoder` of this model, steps with the
+    fast path (its own static cache and fused attention: leave cache,
+    use_cache and backend alone). The request is checked here, once.
+    Chapters 6 and 7.
+    """
+    b, _ = check_request(model, prompt_ids, max_new_tokens)
+    pick = token_picker(temperature=temperature, top_k=top_k, seed=seed,
+                        b=b, device=prompt_ids.device)
+    if fast is not False:
+        if cache is not None or not use_cache or backend != "explicit":
+            raise ValueError("fast=True brings its own cache and "
+                             "attention: leave cache, use_cache and "
+                             "backend at their defaults")
+        runner = fast_model(model, batch_size=b) if fast is True else fast
+        step = FastStep(runner, model, prompt_ids, max_new_tokens,
+                        attention_mask)
+    elif use_cache:
+        cache = KVCache.for_model(model, b) if cache is None else cache
+        step = ModelStep(model, cache, attention_mask, backend)
+    elif cache is not None:
+        raise ValueError("a cache was given with use_cache=False")
+    else:
+        step = ModelStep(model, None, attention_mask, backend)
+    return decode(step, prompt_ids, max_new_tokens, pick=pick)
+
+
+def generate(model, prompt_ids: Tensor, max_new_tokens: int, *,
+             use_cache: bool = True, temperature: float = 0.0,
+             top_k: int | None = None,
+             seed: int | Sequence[int] | None = None,
+             eos_id: int | None = None,
+             attention_mask: Tensor | None = None,
+             cache: Cache | None = None, backend: str = "explicit",
+             fast: bool | FastDecoder = False) -> Tensor:
     """Generate up to max_new_tokens after each prompt.
 
-    prompt_ids: (b, n) -> (b, n + t), t <= max_new_tokens. Greedy by default; ``temperature``,
-    ``top_k`` and ``seed`` sample. A sequence that emits ``eos_id`` stops: its later entries
-    repeat eos_id, and generation ends once every sequence has stopped. ``use_cache`` changes the
-    speed, never the tokens. ``fast=True`` takes the fast path of :mod:`llmcore.fastpath` (its
-    own static cache and fused attention: no ``cache``, ``backend`` or ``use_cache=False``), which
-    gives the same tokens. Chapters 6 and 7.
+    prompt_ids: (b, n) -> (b, n + t), t <= max_new_tokens. Greedy by
+    default; ``temperature``, ``top_k`` and ``seed`` sample. A sequence
+    that emits ``eos_id`` stops: its later entries repeat eos_id, and
+    generation ends once every sequence has stopped. ``use_cache`` and
+    ``fast`` change the speed, never the tokens. Chapters 6 and 7.
     """
-    check_tensor("prompt_ids", prompt_ids)
-    if fast:
-        if cache is not None or not use_cache or backend != "explicit":
-            raise ValueError("fast=True brings its own cache and attention: leave cache, "
-                             "use_cache and backend at their defaults")
-        from .fastpath import generate_fast
-        return generate_fast(model, prompt_ids, max_new_tokens, temperature=temperature,
-                             top_k=top_k, seed=seed, eos_id=eos_id, attention_mask=attention_mask)
-    out = [prompt_ids]
-    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
-    for step in decode_steps(model, prompt_ids, max_new_tokens, use_cache=use_cache,
-                             temperature=temperature, top_k=top_k, seed=seed,
-                             attention_mask=attention_mask, cache=cache, backend=backend):
-        tokens = step.tokens
-        if eos_id is not None:
-            tokens = torch.where(done, torch.full_like(tokens, eos_id), tokens)
-            done = done | (tokens == eos_id)
-        out.append(tokens[:, None])
-        if eos_id is not None and bool(done.all()):
-            break
-    return torch.cat(out, dim=1)
+    steps = decode_steps(model, prompt_ids, max_new_tokens,
+                         use_cache=use_cache, temperature=temperature,
+                         top_k=top_k, seed=seed,
+                         attention_mask=attention_mask, cache=cache,
+                         backend=backend, fast=fast)
+    return collect(steps, prompt_ids, eos_id=eos_id)

@@ -23,22 +23,28 @@ from .layout import Layout, contiguous_layout
 from .shapes import check_operands, check_shape
 
 
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int, bytes_per_element: int) -> int:
-    """Cache bytes one token costs: a K and a V row, per K/V head, per layer.
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, d_head: int,
+                       bytes_per_element: int) -> int:
+    """Cache bytes one token costs: a K and a V row, per K/V head, per
+    layer.
 
     2 * L * h_kv * d_head * bytes_per_element. Chapter 7.
     """
     return 2 * n_layers * n_kv_heads * d_head * bytes_per_element
 
 
-def attend_after_update(cache, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+def attend_after_update(cache, layer: int, q: Tensor, k: Tensor, v: Tensor,
+                        layout: Layout,
                         backend: str = "explicit") -> Tensor:
-    """Store the new rows with ``cache.update``, then attend over all the rows it returns.
+    """Store the new rows with ``cache.update``, then attend over all the
+    rows it returns.
 
-    q: (b, h, n, d_head)   k, v: (b, h_kv, n, d_head)   ->   (b, h, n, d_head). Chapter 7.
+    q: (b, h, n, d_head)   k, v: (b, h_kv, n, d_head)
+    -> (b, h, n, d_head). Chapter 7.
     """
-    k, v = cache.update(layer, k, v)                                # (b, h_kv, m, d_head)
-    return attention(q, k, v, causal=layout.mask is None, mask=layout.mask, backend=backend)
+    k, v = cache.update(layer, k, v)                  # (b, h_kv, m, d_head)
+    return attention(q, k, v, causal=layout.mask is None, mask=layout.mask,
+                     backend=backend)
 
 
 class KVCache:
@@ -93,14 +99,17 @@ class KVCache:
         return self.keys[0].device
 
     def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
-        """Room for n new slots (growing the buffers if needed); their positions and mask.
+        """Room for n new slots (growing the buffers if needed); their
+        positions and mask.
 
-        attention_mask: (b, n) bool or None -> Layout (positions (b, n), mask or None). See
-        :meth:`llmcore.cache.Cache.prepare`."""
+        attention_mask: (b, n) bool or None -> Layout (positions (b, n), mask
+        or None). See :meth:`llmcore.cache.Cache.prepare`."""
         self.reserve(b, n)
         past_valid = None if self.valid is None else self.valid[:, :self.length]
-        return contiguous_layout(b, n, past_slots=self.length, past_valid=past_valid,
-                                 attention_mask=attention_mask, device=self.device)
+        return contiguous_layout(b, n, past_slots=self.length,
+                                 past_valid=past_valid,
+                                 attention_mask=attention_mask,
+                                 device=self.device)
 
     def reserve(self, b: int, n: int) -> None:
         """Check that n more tokens for b sequences fit, and grow the buffers if needed."""
@@ -128,14 +137,17 @@ class KVCache:
         self.grow_count += 1
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write rows [length, length + n) of this layer; return rows [0, length + n).
+        """Write rows [length, length + n) of this layer; return rows
+        [0, length + n).
 
-        k, v: (b, h_kv, n, d_head) -> (b, h_kv, m, d_head) each, m = length + n (views, no copy).
+        k, v: (b, h_kv, n, d_head) -> (b, h_kv, m, d_head) each, m = length + n
+        (views, no copy).
         """
         keys, values = self.keys[layer], self.values[layer]
         check_operands(k=k, v=v, cache=keys)
-        sizes = check_shape("k", k, (self.batch_size, self.n_kv_heads, "n", self.d_head))
-        check_shape("v", v, (self.batch_size, self.n_kv_heads, "n", self.d_head), **sizes)
+        shape = (self.batch_size, self.n_kv_heads, "n", self.d_head)
+        sizes = check_shape("k", k, shape)
+        check_shape("v", v, shape, **sizes)
         end = self.length + k.shape[2]
         keys[:, :, self.length:end] = k
         values[:, :, self.length:end] = v
@@ -147,14 +159,14 @@ class KVCache:
         return attend_after_update(self, layer, q, k, v, layout, backend)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:
-        """The n slots written by this call now count; attention_mask (b, n) records which of
-        them are padding (never attended to later)."""
+        """The n slots written by this call now count; attention_mask (b, n)
+        records which of them are padding (never attended to later)."""
         if attention_mask is not None and self.valid is None:
-            self.valid = torch.ones(self.batch_size, self.capacity, dtype=torch.bool,
-                                    device=self.device)
+            self.valid = torch.ones(self.batch_size, self.capacity,
+                                    dtype=torch.bool, device=self.device)
         if self.valid is not None:
-            self.valid[:, self.length:self.length + n] = True if attention_mask is None \
-                else attention_mask
+            new = True if attention_mask is None else attention_mask
+            self.valid[:, self.length:self.length + n] = new
         self.length += n
 
     def truncate(self, length: int) -> None:

@@ -45,26 +45,32 @@ def check_attention_mask(attention_mask: Tensor | None, b: int, n: int,
     return attention_mask.bool()
 
 
-def contiguous_layout(b: int, n: int, *, past_slots: int, past_valid: Tensor | None,
-                      attention_mask: Tensor | None, device: torch.device) -> Layout:
-    """Layout for sequences that share slot numbers (no cache, or one contiguous cache).
+def contiguous_layout(b: int, n: int, *, past_slots: int,
+                      past_valid: Tensor | None,
+                      attention_mask: Tensor | None,
+                      device: torch.device) -> Layout:
+    """Layout for sequences that share slot numbers (no cache, or one
+    contiguous cache).
 
-    past_slots: key slots already cached (same for every sequence); past_valid: (b, past_slots)
-    bool, which of them hold real tokens, or None if all do; attention_mask: (b, n) bool or None.
-    Positions count only real tokens, so a left-padded sequence starts at position 0.
+    past_slots: key slots already cached (same for every sequence);
+    past_valid: (b, past_slots) bool, which of them hold real tokens, or
+    None if all do; attention_mask: (b, n) bool or None. Positions count
+    only real tokens, so a left-padded sequence starts at position 0.
     """
     if attention_mask is None and past_valid is None:
-        positions = torch.arange(past_slots, past_slots + n, device=device).expand(b, n)
-        return Layout(positions, None)
+        positions = torch.arange(past_slots, past_slots + n, device=device)
+        return Layout(positions.expand(b, n), None)
     new_valid = attention_mask if attention_mask is not None else \
         torch.ones(b, n, dtype=torch.bool, device=device)
     old_valid = past_valid if past_valid is not None else \
         torch.ones(b, past_slots, dtype=torch.bool, device=device)
-    key_valid = torch.cat([old_valid, new_valid], dim=-1)                     # (b, m)
-    before = old_valid.sum(dim=-1, keepdim=True)                              # (b, 1)
-    positions = (before + new_valid.cumsum(dim=-1) - 1).clamp(min=0)          # (b, n)
+    key_valid = torch.cat([old_valid, new_valid], dim=-1)           # (b, m)
+    before = old_valid.sum(dim=-1, keepdim=True)                    # (b, 1)
+    positions = before + new_valid.cumsum(dim=-1) - 1
+    positions = positions.clamp(min=0)                              # (b, n)
     m = past_slots + n
-    mask = causal_mask(n, m, device) & key_valid[:, None, None, :]            # (b, 1, n, m)
+    visible = key_valid[:, None, None, :]                     # (b, 1, 1, m)
+    mask = causal_mask(n, m, device) & visible                # (b, 1, n, m)
     return Layout(positions, mask)
 
 

@@ -21,12 +21,12 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from .attention import BACKENDS, attention
+from .attention import attention
 from .cache import Cache
+from .decoder import Decoder, DecoderSizes, parameter
 from .ffn import swiglu
-from .layout import Layout, check_attention_mask, contiguous_layout
+from .layout import Layout
 from .matmul import linear
-from .model import GPT, DecoderSizes, _param
 from .multihead import merge_heads, split_heads
 from .norm import RMS_EPS, rms_norm
 from .rope import ROPE_BASE, apply_rope
@@ -62,7 +62,7 @@ class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float, *, device=None, dtype=None):
         super().__init__()
         self.eps = eps
-        self.weight = _param(d, device=device, dtype=dtype)
+        self.weight = parameter(d, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
@@ -77,25 +77,28 @@ class LlamaAttention(nn.Module):
         self.n_heads, self.n_kv_heads = config.n_heads, config.kv_heads
         self.rope_base = config.rope_base
         d, d_kv = config.d_model, config.kv_heads * config.d_head
-        self.w_q = _param(d, d, device=device, dtype=dtype)
-        self.w_k = _param(d, d_kv, device=device, dtype=dtype)
-        self.w_v = _param(d, d_kv, device=device, dtype=dtype)
-        self.w_o = _param(d, d, device=device, dtype=dtype)
+        self.w_q = parameter(d, d, device=device, dtype=dtype)
+        self.w_k = parameter(d, d_kv, device=device, dtype=dtype)
+        self.w_v = parameter(d, d_kv, device=device, dtype=dtype)
+        self.w_o = parameter(d, d, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, layout: Layout, cache: Cache | None = None,
                 layer: int = 0, backend: str = "explicit") -> Tensor:
-        """x: (b, n, d) -> (b, n, d). The cache receives keys already rotated."""
-        q = split_heads(linear(x, self.w_q), self.n_heads)                 # (b, h, n, d_head)
-        k = split_heads(linear(x, self.w_k), self.n_kv_heads)              # (b, h_kv, n, d_head)
-        v = split_heads(linear(x, self.w_v), self.n_kv_heads)              # (b, h_kv, n, d_head)
-        q = apply_rope(q, layout.positions, self.rope_base)                # only the new rows
+        """x: (b, n, d) -> (b, n, d). The cache receives keys already
+        rotated."""
+        h, h_kv = self.n_heads, self.n_kv_heads
+        q = split_heads(linear(x, self.w_q), h)           # (b, h, n, d_head)
+        k = split_heads(linear(x, self.w_k), h_kv)        # (b, h_kv, n, d_head)
+        v = split_heads(linear(x, self.w_v), h_kv)        # (b, h_kv, n, d_head)
+        q = apply_rope(q, layout.positions, self.rope_base)  # the new rows only
         k = apply_rope(k, layout.positions, self.rope_base)
         if cache is None:
-            out = attention(q, k, v, causal=layout.mask is None, mask=layout.mask,
-                            backend=backend)                               # (b, h, n, d_head)
+            out = attention(q, k, v, causal=layout.mask is None,
+                            mask=layout.mask, backend=backend)
         else:
-            out = cache.attend(layer, q, k, v, layout, backend)            # (b, h, n, d_head)
-        return linear(merge_heads(out), self.w_o)                          # (b, n, d)
+            out = cache.attend(layer, q, k, v, layout, backend)
+        # out: (b, h, n, d_head)
+        return linear(merge_heads(out), self.w_o)                    # (b, n, d)
 
 
 class SwiGLU(nn.Module):
@@ -104,101 +107,69 @@ class SwiGLU(nn.Module):
     def __init__(self, config: LlamaConfig, *, device=None, dtype=None):
         super().__init__()
         d, f = config.d_model, config.ffn_width
-        self.w_gate = _param(d, f, device=device, dtype=dtype)
-        self.w_up = _param(d, f, device=device, dtype=dtype)
-        self.w_down = _param(f, d, device=device, dtype=dtype)
+        self.w_gate = parameter(d, f, device=device, dtype=dtype)
+        self.w_up = parameter(d, f, device=device, dtype=dtype)
+        self.w_down = parameter(f, d, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return swiglu(x, self.w_gate, self.w_up, self.w_down)
 
 
 class LlamaBlock(nn.Module):
-    """x + attention(attn_norm(x)), then + ffn(ffn_norm(x)): GPT-2's pre-norm block with
-    RMSNorm, RoPE inside attention and SwiGLU. (b, n, d) -> (b, n, d). Chapter 11."""
+    """x + attention(attn_norm(x)), then + ffn(ffn_norm(x)): GPT-2's
+    pre-norm block with RMSNorm, RoPE inside attention and SwiGLU.
+    (b, n, d) -> (b, n, d). Chapter 11."""
 
     def __init__(self, config: LlamaConfig, *, device=None, dtype=None):
         super().__init__()
-        self.attn_norm = RMSNorm(config.d_model, config.rms_eps, device=device, dtype=dtype)
+        d, eps = config.d_model, config.rms_eps
+        self.attn_norm = RMSNorm(d, eps, device=device, dtype=dtype)
         self.attention = LlamaAttention(config, device=device, dtype=dtype)
-        self.ffn_norm = RMSNorm(config.d_model, config.rms_eps, device=device, dtype=dtype)
+        self.ffn_norm = RMSNorm(d, eps, device=device, dtype=dtype)
         self.ffn = SwiGLU(config, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, layout: Layout, cache: Cache | None = None,
                 layer: int = 0, backend: str = "explicit") -> Tensor:
-        x = x + self.attention(self.attn_norm(x), layout, cache, layer, backend)   # residual
-        return x + self.ffn(self.ffn_norm(x))                                      # residual
+        attended = self.attention(self.attn_norm(x), layout, cache, layer,
+                                  backend)
+        x = x + attended                                          # residual
+        return x + self.ffn(self.ffn_norm(x))                     # residual
 
 
-class Llama(nn.Module):
+class Llama(Decoder):
     """The whole model: token ids (b, n) -> logits (b, n, v), with or without a KV cache.
 
-    Same calling convention as :class:`llmcore.model.GPT` (so ``llmcore.generate.generate`` and
-    ``KVCache.for_model`` work unchanged). Chapter 11.
+    The same shell as :class:`llmcore.model.GPT` (:class:`llmcore.decoder.Decoder`), so
+    ``llmcore.generate.generate`` and ``KVCache.for_model`` work unchanged; Llama brings its
+    embedding (no positions: they enter inside attention), blocks and untied head. Chapter 11.
     """
 
     def __init__(self, config: LlamaConfig, *, device=None, dtype=None, seed: int = 0):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         d = config.d_model
-        self.token_embedding = _param(config.vocab_size, d, device=device, dtype=dtype)  # (v, d)
+        self.token_embedding = parameter(config.vocab_size, d, device=device,
+                                         dtype=dtype)                        # (v, d)
         self.blocks = nn.ModuleList(LlamaBlock(config, device=device, dtype=dtype)
                                     for _ in range(config.n_layers))
         self.norm_f = RMSNorm(d, config.rms_eps, device=device, dtype=dtype)
-        self.lm_head = _param(d, config.vocab_size, device=device, dtype=dtype)          # (d, v)
+        self.lm_head = parameter(d, config.vocab_size, device=device,
+                                 dtype=dtype)                                # (d, v)
         self.reset_parameters(seed)
 
-    @torch.no_grad()
-    def reset_parameters(self, seed: int = 0) -> None:
+    def init_parameter(self, name: str, p: Tensor, generator: torch.Generator) -> None:
         """N(0, 0.02) weights, unit norm weights (HF's LlamaForCausalLM initialisation)."""
-        device = self.token_embedding.device
-        if device.type == "meta":
-            return
-        generator = torch.Generator(device=device).manual_seed(seed)
-        for name, p in self.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, INIT_STD, generator=generator)
-
-    @property
-    def device(self) -> torch.device:
-        return self.token_embedding.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.token_embedding.dtype
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def check_tokens(self, tokens: object, past: int = 0) -> Tensor:
-        """Validate token ids (b, n): the same checks as :meth:`llmcore.model.GPT.check_tokens`."""
-        return GPT.check_tokens(self, tokens, past)
-
-    def forward(self, tokens: Tensor, cache: Cache | None = None, *,
-                attention_mask: Tensor | None = None, backend: str = "explicit",
-                last_only: bool = False) -> Tensor:
-        """tokens: (b, n) ids   attention_mask: (b, n) or None   cache: any llmcore Cache
-        -> logits (b, n, v), or (b, 1, v) with last_only. Positions come from the cache's Layout."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-        past = 0 if cache is None else cache.max_length
-        tokens = self.check_tokens(tokens, past)
-        b, n = tokens.shape
-        attention_mask = check_attention_mask(attention_mask, b, n, tokens.device)
-        if cache is None:
-            layout = contiguous_layout(b, n, past_slots=0, past_valid=None,
-                                       attention_mask=attention_mask, device=tokens.device)
+        if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+            p.fill_(1.0)
         else:
-            layout = cache.prepare(b, n, attention_mask)
-        x = self.token_embedding[tokens]                                   # (b, n, d)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, layout, cache, layer, backend)                    # (b, n, d)
-        if cache is not None:
-            cache.commit(n, attention_mask)
-        if last_only:
-            x = x[:, -1:]                                                  # (b, 1, d)
-        return linear(self.norm_f(x), self.lm_head)                        # (b, n, v)
+            p.normal_(0.0, INIT_STD, generator=generator)
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """tokens: (b, n) -> x (b, n, d); the positions go to RoPE, not here."""
+        return self.token_embedding[tokens]
+
+    def head(self, x: Tensor) -> Tensor:
+        """x: (b, n, d) -> logits (b, n, v): RMSNorm, then lm_head (d, v)."""
+        return linear(self.norm_f(x), self.lm_head)
 
 
 def _hf_rope_base(hf_config) -> float:

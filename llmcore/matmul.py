@@ -27,19 +27,22 @@ def dot_loop(a: Tensor, b: Tensor) -> Tensor:
 
 
 def matmul_loop(a: Tensor, b: Tensor) -> Tensor:
-    """Matrix product, one output entry at a time: row i of ``a`` times column j of ``b``.
+    """Matrix product, one output entry at a time: row i of ``a`` times
+    column j of ``b``.
 
-    a: (n, k)   b: (k, m)   ->   (n, m). The loop bounds are n, m and the shared k; mixing them up
-    is only caught when n, k and m differ. Chapter 2.
+    a: (n, k)   b: (k, m)   ->   (n, m). The loop bounds are n, m and the
+    shared k; mixing them up is only caught when n, k and m differ.
+    Chapter 2.
     """
     check_operands(a=a, b=b)
     sizes = check_shape("a", a, ("n", "k"))
     check_shape("b", b, ("k", "m"), k=sizes["k"])
     n, m = a.shape[0], b.shape[1]
     out = torch.empty(n, m, dtype=a.dtype, device=a.device)
-    for i in range(n):                       # each row of a (a token)
-        for j in range(m):                   # each column of b (an output feature)
-            out[i, j] = (a[i] * b[:, j]).sum()   # the row-times-column dot product over k
+    for i in range(n):                # each row of a (a token)
+        for j in range(m):            # each column of b (an output feature)
+            # the row-times-column dot product over k
+            out[i, j] = (a[i] * b[:, j]).sum()
     return out
 
 
@@ -55,27 +58,32 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def linear_loop(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """Project each token separately: ``y_i = x_i @ w + b``, one row at a time.
+    """Project each token separately: ``y_i = x_i @ w + b``, one row at a
+    time.
 
-    x: (..., n, d_in)   w: (d_in, d_out)   b: (d_out,) or None   ->   (..., n, d_out). Chapter 2.
+    x: (..., n, d_in)   w: (d_in, d_out)   b: (d_out,) or None
+    -> (..., n, d_out). Chapter 2.
     """
     check_operands(x=x, w=w, b=b)
     sizes = check_shape("w", w, ("d_in", "d_out"))
     check_shape("x", x, ("...", "n", "d_in"), d_in=sizes["d_in"])
     if b is not None:
         check_shape("b", b, ("d_out",), d_out=sizes["d_out"])
-    out = torch.empty(*x.shape[:-1], w.shape[1], dtype=x.dtype, device=x.device)
-    for idx in np.ndindex(*x.shape[:-1]):     # every token of every sequence
-        row = x[idx] @ w                      # (d_in,) @ (d_in, d_out) -> (d_out,)
+    out = torch.empty(*x.shape[:-1], w.shape[1], dtype=x.dtype,
+                      device=x.device)
+    for idx in np.ndindex(*x.shape[:-1]):    # every token of every sequence
+        row = x[idx] @ w               # (d_in,) @ (d_in, d_out) -> (d_out,)
         out[idx] = row if b is None else row + b
     return out
 
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """Same contract as :func:`linear_loop`, all tokens at once: ``x @ w + b``.
+    """Same contract as :func:`linear_loop`, all tokens at once:
+    ``x @ w + b``.
 
-    x: (..., n, d_in)   w: (d_in, d_out)   b: (d_out,) or None   ->   (..., n, d_out).
-    The weight is shared by every token (and every sequence of a batch). Chapter 2.
+    x: (..., n, d_in)   w: (d_in, d_out)   b: (d_out,) or None
+    -> (..., n, d_out). The weight is shared by every token (and every
+    sequence of a batch). Chapter 2.
     """
     check_operands(x=x, w=w, b=b)
     sizes = check_shape("w", w, ("d_in", "d_out"))

@@ -24,8 +24,10 @@ def _check_norm(x: Tensor, scale: Tensor, shift: Tensor) -> None:
     check_shape("shift", shift, ("d",), **sizes)
 
 
-def layer_norm_loop(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> Tensor:
-    """Layer norm one row (token) at a time, mean and variance by explicit sums.
+def layer_norm_loop(x: Tensor, scale: Tensor, shift: Tensor,
+                    eps: float = LN_EPS) -> Tensor:
+    """Layer norm one row (token) at a time, mean and variance by explicit
+    sums.
 
     x: (..., d)   scale, shift: (d,)   ->   (..., d). Chapter 5.
     """
@@ -35,18 +37,21 @@ def layer_norm_loop(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS
     for idx in np.ndindex(*x.shape[:-1]):
         row = x[idx]
         mean = sum(row[c] for c in range(d)) / d
-        var = sum((row[c] - mean) ** 2 for c in range(d)) / d     # biased: divide by d
+        # biased: divide by d
+        var = sum((row[c] - mean) ** 2 for c in range(d)) / d
         out[idx] = scale * (row - mean) / torch.sqrt(var + eps) + shift
     return out
 
 
-def layer_norm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = LN_EPS) -> Tensor:
+def layer_norm(x: Tensor, scale: Tensor, shift: Tensor,
+               eps: float = LN_EPS) -> Tensor:
     """Same contract as :func:`layer_norm_loop`, every row at once.
 
     x: (..., d)   scale, shift: (d,)   ->   (..., d). Chapter 5.
     """
     _check_norm(x, scale, shift)
-    var, mean = torch.var_mean(x, dim=-1, keepdim=True, unbiased=False)   # (..., 1) each
+    # (..., 1) each
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, unbiased=False)
     return scale * (x - mean) / torch.sqrt(var + eps) + shift
 
 
@@ -77,12 +82,13 @@ def rms_norm_loop(x: Tensor, weight: Tensor, eps: float = RMS_EPS) -> Tensor:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = RMS_EPS) -> Tensor:
-    """Same contract as :func:`rms_norm_loop`, every row at once. Half precision is normalised in
-    float32 and cast back before the weight, as Hugging Face's Llama does.
+    """Same contract as :func:`rms_norm_loop`, every row at once. Half
+    precision is normalised in float32 and cast back before the weight, as
+    Hugging Face's Llama does.
 
     x: (..., d)   weight: (d,)   ->   (..., d). Chapter 11.
     """
     _check_rms(x, weight)
     wide = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    mean_square = wide.pow(2).mean(dim=-1, keepdim=True)                  # (..., 1)
+    mean_square = wide.pow(2).mean(dim=-1, keepdim=True)          # (..., 1)
     return weight * (wide * torch.rsqrt(mean_square + eps)).to(x.dtype)

@@ -67,15 +67,19 @@ def _check_world_size(world_size: object, n_heads: int, n_kv_heads: int) -> int:
     return world_size
 
 
-def shard_attention_weights(w_qkv: Tensor, b_qkv: Tensor | None, w_o: Tensor, *, n_heads: int,
+def shard_attention_weights(w_qkv: Tensor, b_qkv: Tensor | None,
+                            w_o: Tensor, *, n_heads: int,
                             n_kv_heads: int | None = None,
                             world_size: int = 2) -> list[AttentionShard]:
-    """Cut a layer's weights by heads into ``world_size`` shards; pure, no processes.
+    """Cut a layer's weights by heads into ``world_size`` shards; pure, no
+    processes.
 
-    w_qkv: (d, (h + 2 h_kv) d_head)   b_qkv: ((h + 2 h_kv) d_head,) or None   w_o: (d, d)
-    ->   world_size shards; rank r gets query heads [r h_r, (r+1) h_r) and K/V heads
-    [r h_kv_r, (r+1) h_kv_r), which are exactly the K/V heads its query heads read under
-    grouped-query attention. w_o's row blocks are views; the w_qkv columns are copied. Chapter 10.
+    w_qkv: (d, (h + 2 h_kv) d_head)   b_qkv: ((h + 2 h_kv) d_head,) or None
+    w_o: (d, d)   ->   world_size shards; rank r gets query heads
+    [r h_r, (r+1) h_r) and K/V heads [r h_kv_r, (r+1) h_kv_r), which are
+    exactly the K/V heads its query heads read under grouped-query
+    attention. w_o's row blocks are views; the w_qkv columns are copied.
+    Chapter 10.
     """
     check_operands(w_qkv=w_qkv, b_qkv=b_qkv, w_o=w_o)
     d = check_shape("w_o", w_o, ("d", "d"))["d"]
@@ -86,21 +90,23 @@ def shard_attention_weights(w_qkv: Tensor, b_qkv: Tensor | None, w_o: Tensor, *,
         check_shape("b_qkv", b_qkv, (width,))
     world_size = _check_world_size(world_size, n_heads, n_kv_heads)
     h_r, h_kv_r = n_heads // world_size, n_kv_heads // world_size
-    q_width, kv_width = h_r * d_head, h_kv_r * d_head                # one rank's share
+    q_width, kv_width = h_r * d_head, h_kv_r * d_head     # one rank's share
     k_start, v_start = n_heads * d_head, (n_heads + n_kv_heads) * d_head
 
-    def own(t: Tensor, rank: int) -> Tensor:                         # rank's Q, K, V columns
-        return torch.cat([t[..., rank * q_width:(rank + 1) * q_width],
-                          t[..., k_start + rank * kv_width:k_start + (rank + 1) * kv_width],
-                          t[..., v_start + rank * kv_width:v_start + (rank + 1) * kv_width]],
+    def own(t: Tensor, rank: int) -> Tensor:        # rank's Q, K, V columns
+        q0, kv0 = rank * q_width, rank * kv_width
+        return torch.cat([t[..., q0:q0 + q_width],
+                          t[..., k_start + kv0:k_start + kv0 + kv_width],
+                          t[..., v_start + kv0:v_start + kv0 + kv_width]],
                          dim=-1)
 
     shards = []
     for rank in range(world_size):
+        rows = slice(rank * q_width, (rank + 1) * q_width)
         shards.append(AttentionShard(
-            w_qkv=own(w_qkv, rank),                                  # (d, (h_r + 2 h_kv_r) d_head)
+            w_qkv=own(w_qkv, rank),           # (d, (h_r + 2 h_kv_r) d_head)
             b_qkv=None if b_qkv is None else own(b_qkv, rank),
-            w_o=w_o[rank * q_width:(rank + 1) * q_width],             # (h_r d_head, d): rows
+            w_o=w_o[rows],                           # (h_r d_head, d): rows
             n_heads=h_r, n_kv_heads=h_kv_r))
     return shards
 
@@ -128,23 +134,27 @@ def unshard_attention_weights(shards: list[AttentionShard]) -> tuple[Tensor, Ten
     return w_qkv, b_qkv, w_o
 
 
-def attention_shard_forward(x: Tensor, shard: AttentionShard, *, causal: bool = True) -> Tensor:
-    """One rank's part of the layer: its heads' attention, projected by its rows of w_o.
+def attention_shard_forward(x: Tensor, shard: AttentionShard, *,
+                            causal: bool = True) -> Tensor:
+    """One rank's part of the layer: its heads' attention, projected by
+    its rows of w_o.
 
-    x: (..., n, d) -> partial output (..., n, d), without b_o. Summed over all ranks and plus b_o
-    this is the whole layer's output. Chapter 10.
+    x: (..., n, d) -> partial output (..., n, d), without b_o. Summed over
+    all ranks and plus b_o this is the whole layer's output. Chapter 10.
     """
     check_operands(x=x, w_qkv=shard.w_qkv, b_qkv=shard.b_qkv, w_o=shard.w_o)
     d = check_shape("w_o", shard.w_o, ("d_r", "d"))["d"]
     check_shape("x", x, ("...", "n", "d"), d=d)
-    d_head = shard.d_head
-    qkv = linear(x, shard.w_qkv, shard.b_qkv)             # (..., n, (h_r + 2 h_kv_r) d_head)
-    q, k, v = qkv.split([shard.n_heads * d_head, shard.n_kv_heads * d_head,
-                         shard.n_kv_heads * d_head], dim=-1)
-    out = attention(split_heads(q, shard.n_heads),                    # (..., h_r, n, d_head)
-                    split_heads(k, shard.n_kv_heads),                 # (..., h_kv_r, n, d_head)
-                    split_heads(v, shard.n_kv_heads), causal=causal)  # -> (..., h_r, n, d_head)
-    return linear(merge_heads(out), shard.w_o)                         # (..., n, d)
+    d_head, h_r, h_kv_r = shard.d_head, shard.n_heads, shard.n_kv_heads
+    # (..., n, (h_r + 2 h_kv_r) d_head)
+    qkv = linear(x, shard.w_qkv, shard.b_qkv)
+    q, k, v = qkv.split([h_r * d_head, h_kv_r * d_head, h_kv_r * d_head],
+                        dim=-1)
+    out = attention(split_heads(q, h_r),          # (..., h_r, n, d_head)
+                    split_heads(k, h_kv_r),       # (..., h_kv_r, n, d_head)
+                    split_heads(v, h_kv_r),
+                    causal=causal)                # -> (..., h_r, n, d_head)
+    return linear(merge_heads(out), shard.w_o)    # (..., n, d)
 
 
 def _layer_weights(layer_or_weights: object) -> dict[str, Tensor | None]:
@@ -170,18 +180,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, x: Tensor, shards: list[AttentionShard],
-               b_o: Tensor | None, causal: bool, result: Tensor) -> None:
-    """What each spawned process runs: join the group, compute, all-reduce, rank 0 reports."""
-    torch.set_num_threads(1)              # world_size processes share the machine's cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=PROCESS_GROUP_TIMEOUT)
+def _rank_main(rank: int, world_size: int, port: int, x: Tensor,
+               shards: list[AttentionShard], b_o: Tensor | None,
+               causal: bool, result: Tensor) -> None:
+    """What each spawned process runs: join the group, compute,
+    all-reduce, rank 0 reports."""
+    torch.set_num_threads(1)        # world_size processes share the machine
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world_size,
+                            timeout=PROCESS_GROUP_TIMEOUT)
     try:
-        partial = attention_shard_forward(x, shards[rank], causal=causal)   # (..., n, d)
-        dist.all_reduce(partial, op=dist.ReduceOp.SUM)                      # now the full sum
-        out = partial if b_o is None else partial + b_o                     # bias added once
+        # (..., n, d)
+        partial = attention_shard_forward(x, shards[rank], causal=causal)
+        dist.all_reduce(partial, op=dist.ReduceOp.SUM)    # now the full sum
+        out = partial if b_o is None else partial + b_o   # bias added once
         if rank == 0:
-            result.copy_(out)             # shared memory: the parent sees it
+            result.copy_(out)            # shared memory: the parent sees it
     finally:
         dist.destroy_process_group()
 

@@ -12,10 +12,12 @@ from .model import GPTConfig
 
 
 def parameter_count(config: GPTConfig) -> dict[str, int]:
-    """Parameters by part: {"embeddings", "attention", "ffn", "layer norms"} -> counts, whose sum
-    equals ``GPT(config).num_parameters()``. Chapter 5."""
+    """Parameters by part: {"embeddings", "attention", "ffn", "layer norms"}
+    -> counts, whose sum equals ``GPT(config).num_parameters()``.
+    Chapter 5."""
     if not isinstance(config, GPTConfig):
-        raise TypeError(f"parameter_count: expected a GPTConfig, got {type(config).__name__}")
+        raise TypeError(f"parameter_count: expected a GPTConfig, got "
+                        f"{type(config).__name__}")
     c = config
     d, f = c.d_model, c.ffn_width
     w_qkv = (c.n_heads + 2 * c.kv_heads) * c.d_head

@@ -91,18 +91,21 @@ def _cuda_peak(fn: Callable, args: tuple, kwargs: dict, device: torch.device) ->
 
 
 def peak_memory(fn: Callable, *args, **kwargs) -> int:
-    """Bytes of tensor memory that ``fn(*args, **kwargs)`` holds at its peak.
+    """Bytes of tensor memory that ``fn(*args, **kwargs)`` holds at its
+    peak.
 
-    The device measured is the one the tensor arguments live on (CPU: profiler events; CUDA: the
-    allocator's statistics; see the module docstring for exactly what is counted). The call's
-    result is discarded. Example: ``peak_memory(attention, q, k, v, causal=True)``. Chapter 10.
+    The device measured is the one the tensor arguments live on (CPU:
+    profiler events; CUDA: the allocator's statistics; see the module
+    docstring for exactly what is counted). The call's result is discarded.
+    Example: ``peak_memory(attention, q, k, v, causal=True)``. Chapter 10.
     """
     if not callable(fn):
-        raise TypeError(f"peak_memory: fn: expected a callable, got {type(fn).__name__}")
+        raise TypeError(f"peak_memory: fn: expected a callable, got "
+                        f"{type(fn).__name__}")
     device = _tensor_device(args, kwargs)
     if device.type == "cpu":
         return _cpu_peak(fn, args, kwargs)
     if device.type == "cuda":
         return _cuda_peak(fn, args, kwargs, device)
-    raise ValueError(f"peak_memory: can measure tensors on cpu or cuda, got {device} "
-                     "(the meta device allocates nothing)")
+    raise ValueError(f"peak_memory: can measure tensors on cpu or cuda, "
+                     f"got {device} (the meta device allocates nothing)")

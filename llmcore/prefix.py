@@ -43,16 +43,18 @@ class SharedPrefixCache:
         self.prefix, self.own = prefix, own
 
     @classmethod
-    def prefill(cls, model, prefix_ids: Tensor, *, batch_size: int) -> "SharedPrefixCache":
-        """Run the shared prompt once (batch 1) and return a cache for ``batch_size`` sequences.
+    def prefill(cls, model, prefix_ids: Tensor, *,
+                batch_size: int) -> SharedPrefixCache:
+        """Run the shared prompt once (batch 1) and return a cache for
+        ``batch_size`` sequences.
 
         prefix_ids: (1, P) token ids. Chapter 8.
         """
         prefix = KVCache.for_model(model, 1, capacity=prefix_ids.shape[1])
         with torch.no_grad():
             model(prefix_ids, prefix)
-        own = KVCache.for_model(model, batch_size,
-                                max_tokens=model.config.max_seq_len - prefix.length)
+        room = model.config.max_seq_len - prefix.length
+        own = KVCache.for_model(model, batch_size, max_tokens=room)
         return cls(prefix, own)
 
     @property
@@ -79,29 +81,34 @@ class SharedPrefixCache:
         return contiguous_layout(b, n, past_slots=self.max_length, past_valid=past_valid,
                                  attention_mask=attention_mask, device=self.own.device)
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
-               backend: str = "explicit") -> Tensor:
-        """Attention over the shared rows and each sequence's own rows, one softmax over both.
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor,
+               layout: Layout, backend: str = "explicit") -> Tensor:
+        """Attention over the shared rows and each sequence's own rows, one
+        softmax over both.
 
-        q: (b, h, n, d_head)   new k, v: (b, h_kv, n, d_head)   ->   (b, h, n, d_head).
-        backend: the fused kernel takes one K per sequence, so this path is always explicit.
+        q: (b, h, n, d_head)   new k, v: (b, h_kv, n, d_head)
+        -> (b, h, n, d_head). backend: the fused kernel takes one K per
+        sequence, so this path is always explicit.
         """
-        own_k, own_v = self.own.update(layer, k, v)            # (b, h_kv, m_own, d_head)
+        own_k, own_v = self.own.update(layer, k, v)   # (b, h_kv, m_own, d_head)
         p = self.prefix.length
-        shared_k = self.prefix.keys[layer][0, :, :p]           # (h_kv, P, d_head), one copy
+        # the shared rows, stored once: (h_kv, P, d_head)
+        shared_k = self.prefix.keys[layer][0, :, :p]
         shared_v = self.prefix.values[layer][0, :, :p]
         b, h, n, d_head = q.shape
-        rows = q.transpose(0, 1).reshape(h, b * n, d_head)     # every sequence's queries: rows
-        shared = attention_scores(rows, shared_k)              # (h, b n, P): one matmul
-        shared = shared.view(h, b, n, p).transpose(0, 1)       # (b, h, n, P)
-        scores = torch.cat([shared, attention_scores(q, own_k)], dim=-1)   # (b, h, n, P + m_own)
+        # every sequence's queries as rows of one matrix: (h, b n, d_head)
+        rows = q.transpose(0, 1).reshape(h, b * n, d_head)
+        shared = attention_scores(rows, shared_k)      # (h, b n, P): one matmul
+        shared = shared.view(h, b, n, p).transpose(0, 1)  # (b, h, n, P)
+        own = attention_scores(q, own_k)                  # (b, h, n, m_own)
+        scores = torch.cat([shared, own], dim=-1)         # (b, h, n, P + m_own)
         allowed = layout.mask if layout.mask is not None else \
             causal_mask(n, scores.shape[-1], q.device)
-        scores += mask_bias(allowed, scores.dtype)                        # + M, as in attention
-        weights = softmax(scores, dim=-1, inplace=True)                  # scores: our own buffer
+        scores += mask_bias(allowed, scores.dtype)        # + M, as in attention
+        weights = softmax(scores, dim=-1, inplace=True)   # in our own buffer
         shared_weights = weights[..., :p].transpose(0, 1).reshape(h, b * n, p)
-        out_shared = weighted_values(shared_weights, shared_v)            # (h, b n, d_head)
-        out_shared = out_shared.view(h, b, n, d_head).transpose(0, 1)     # (b, h, n, d_head)
+        out_shared = weighted_values(shared_weights, shared_v)     # (h, b n, .)
+        out_shared = out_shared.view(h, b, n, d_head).transpose(0, 1)
         return out_shared + weighted_values(weights[..., p:], own_v)
 
     def commit(self, n: int, attention_mask: Tensor | None) -> None:

@@ -69,25 +69,30 @@ def _table_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def rope_loop(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
-    """RoPE one row and one pair at a time: pair (x_i, x_{i + d_head/2}) turned by pos * theta_i.
+def rope_loop(x: Tensor, positions: Tensor,
+              base: float = ROPE_BASE) -> Tensor:
+    """RoPE one row and one pair at a time: pair (x_i, x_{i + d_head/2})
+    turned by pos * theta_i.
 
-    x: (..., n, d_head)   positions: (n,) or (b, n) ints   ->   (..., n, d_head). Slow; tiny
-    shapes only. Chapter 11.
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints
+    -> (..., n, d_head). Slow; tiny shapes only. Chapter 11.
     """
     _check_positions(x, positions)
     n, d_head = x.shape[-2], x.shape[-1]
     half = d_head // 2
-    theta = rope_frequencies(d_head, base, device=x.device, dtype=_table_dtype(x))
+    theta = rope_frequencies(d_head, base, device=x.device,
+                             dtype=_table_dtype(x))
     out = torch.empty_like(x)
-    for idx in np.ndindex(*x.shape[:-2]):               # every (batch, head) index
+    for idx in np.ndindex(*x.shape[:-2]):        # every (batch, head) index
         for t in range(n):
-            pos = positions[t] if positions.ndim == 1 else positions[idx[0], t]
+            pos = (positions[t] if positions.ndim == 1
+                   else positions[idx[0], t])
             for i in range(half):
                 angle = pos.to(theta.dtype) * theta[i]
-                cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+                cos = torch.cos(angle).to(x.dtype)
+                sin = torch.sin(angle).to(x.dtype)
                 a, b = x[idx][t, i], x[idx][t, i + half]
-                out[idx][t, i] = a * cos - b * sin       # [cos -sin] [a]
+                out[idx][t, i] = a * cos - b * sin          # [cos -sin] [a]
                 out[idx][t, i + half] = a * sin + b * cos   # [sin  cos] [b]
     return out
 
@@ -103,21 +108,24 @@ def interleaved_order(d_head: int) -> list[int]:
     return [j for i in range(half) for j in (i, i + half)]
 
 
-def rope_matrix(position: int, d_head: int, base: float = ROPE_BASE, *, device=None,
-                dtype: torch.dtype = torch.float64) -> Tensor:
-    """The rotation R_pos as a (d_head, d_head) matrix; rotate rows with ``x @ R.T``.
+def rope_matrix(position: int, d_head: int, base: float = ROPE_BASE, *,
+                device=None, dtype: torch.dtype = torch.float64) -> Tensor:
+    """The rotation R_pos as a (d_head, d_head) matrix; rotate rows with
+    ``x @ R.T``.
 
-    Built as the paper writes it, a block-diagonal matrix of 2 x 2 rotations by pos * theta_i
-    (neighbour pairs), then its rows and columns put back in half-split order. Chapter 11.
+    Built as the paper writes it, a block-diagonal matrix of 2 x 2
+    rotations by pos * theta_i (neighbour pairs), then its rows and columns
+    put back in half-split order. Chapter 11.
     """
-    theta = rope_frequencies(d_head, base, device=device, dtype=torch.float64)
-    angles = position * theta                                               # (d_head/2,)
+    theta = rope_frequencies(d_head, base, device=device,
+                             dtype=torch.float64)
+    angles = position * theta                                  # (d_head/2,)
     cos, sin = torch.cos(angles), torch.sin(angles)
     blocks = [torch.stack([torch.stack([c, -s]), torch.stack([s, c])])
-              for c, s in zip(cos, sin)]                                    # each (2, 2)
-    interleaved = torch.block_diag(*blocks)                                 # (d_head, d_head)
+              for c, s in zip(cos, sin)]                  # each (2, 2)
+    interleaved = torch.block_diag(*blocks)               # (d_head, d_head)
     order = torch.tensor(interleaved_order(d_head), device=device)
-    back = torch.argsort(order)                       # half-split feature j sits at back[j]
+    back = torch.argsort(order)       # half-split feature j sits at back[j]
     return interleaved[back][:, back].to(dtype)
 
 
@@ -142,15 +150,19 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-b, a], dim=-1)
 
 
-def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
-    """RoPE with no loop and no matrix: x * cos + rotate_half(x) * sin, elementwise.
+def apply_rope(x: Tensor, positions: Tensor,
+               base: float = ROPE_BASE) -> Tensor:
+    """RoPE with no loop and no matrix: x * cos + rotate_half(x) * sin,
+    elementwise.
 
-    x: (..., n, d_head)   positions: (n,) or (b, n) ints (b = x.shape[0])   ->   (..., n, d_head).
-    Costs 4 n d_head multiply-adds per row instead of the matrix form's d_head^2. Chapter 11.
+    x: (..., n, d_head)   positions: (n,) or (b, n) ints (b = x.shape[0])
+    -> (..., n, d_head). Costs 4 n d_head multiply-adds per row instead of
+    the matrix form's d_head^2. Chapter 11.
     """
     _check_positions(x, positions)
-    cos, sin = rope_tables(positions, x.shape[-1], base, dtype=_table_dtype(x))
-    if positions.ndim == 2:                      # (b, n, d_head): skip the axes between b and n
+    cos, sin = rope_tables(positions, x.shape[-1], base,
+                           dtype=_table_dtype(x))
+    if positions.ndim == 2:  # (b, n, d_head): skip the axes between b and n
         shape = (positions.shape[0],) + (1,) * (x.ndim - 3) + cos.shape[1:]
         cos, sin = cos.view(shape), sin.view(shape)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)

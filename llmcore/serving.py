@@ -19,15 +19,17 @@ from typing import Hashable, Iterable
 
 import torch
 
-from .generate import sample
+from .sampling import sample
 from .paged import PagedKVCache
 
 
 @dataclass(frozen=True)
 class Request:
-    """What a client asks for: continue ``prompt`` by up to ``max_new_tokens`` tokens.
+    """What a client asks for: continue ``prompt`` by up to
+    ``max_new_tokens`` tokens.
 
-    temperature 0 is greedy; seed makes sampling reproducible; eos_id ends the answer early."""
+    temperature 0 is greedy; seed makes sampling reproducible; eos_id ends
+    the answer early."""
 
     id: Hashable
     prompt: tuple[int, ...]
@@ -138,26 +140,31 @@ class Scheduler:
 
     @torch.no_grad()
     def step(self) -> list[Hashable]:
-        """Admit, prefill, decode one token for everyone running, retire. Returns finished ids."""
+        """Admit, prefill, decode one token for everyone running, retire.
+        Returns finished ids."""
+        model, cache = self.model, self.cache
         decoding = [rid for rid, a in self.running.items() if not a.done]
-        for rid in self._admit():                                   # prefill, one prompt each
+        for rid in self._admit():                     # prefill, one prompt each
             active = self.running[rid]
-            prompt = torch.tensor([active.request.prompt], device=self.model.device)
-            logits = self.model(prompt, self.cache.batch([rid]), last_only=True)
+            prompt = torch.tensor([active.request.prompt], device=model.device)
+            logits = model(prompt, cache.batch([rid]), last_only=True)
             self._pick(active, logits[0, -1])
-        if decoding:                                                # decode, all together
-            last = torch.tensor([[self.running[rid].output[-1]] for rid in decoding],
-                                device=self.model.device)           # (b, 1)
-            logits = self.model(last, self.cache.batch(decoding), last_only=True)
+        if decoding:                                      # decode, all together
+            last = torch.tensor([[self.running[rid].output[-1]]
+                                 for rid in decoding],
+                                device=model.device)                    # (b, 1)
+            logits = model(last, cache.batch(decoding), last_only=True)
             for i, rid in enumerate(decoding):
                 self._pick(self.running[rid], logits[i, -1])
         finished = [rid for rid, a in self.running.items() if a.done]
         self.timeline.append(StepRecord(
-            self.step_count, {rid: self.cache.block_table(rid) for rid in self.running},
-            tuple(r.id for r in self.waiting), tuple(finished), self.cache.num_free_blocks))
+            self.step_count,
+            {rid: cache.block_table(rid) for rid in self.running},
+            tuple(r.id for r in self.waiting), tuple(finished),
+            cache.num_free_blocks))
         for rid in finished:
             self.finished[rid] = self.running.pop(rid).output
-            self.cache.free_sequence(rid)
+            cache.free_sequence(rid)
         self.step_count += 1
         return finished
 
@@ -166,19 +173,23 @@ class Scheduler:
         return not self.waiting and not self.running
 
 
-def serve(model, cache: PagedKVCache, arrivals: Iterable[tuple[int, Request]], *,
-          max_batch_size: int | None = None, max_steps: int = 100_000) -> Scheduler:
+def serve(model, cache: PagedKVCache,
+          arrivals: Iterable[tuple[int, Request]], *,
+          max_batch_size: int | None = None,
+          max_steps: int = 100_000) -> Scheduler:
     """Run requests that arrive at given steps until all are answered.
 
-    arrivals: (step, request) pairs. Returns the scheduler: ``.finished`` maps each request id to
-    its generated tokens, ``.timeline`` records the pool at every step. Chapter 9.
+    arrivals: (step, request) pairs. Returns the scheduler: ``.finished``
+    maps each request id to its generated tokens, ``.timeline`` records
+    the pool at every step. Chapter 9.
     """
     pending = sorted(arrivals, key=lambda pair: pair[0])
     scheduler = Scheduler(model, cache, max_batch_size=max_batch_size)
     i = 0
     while i < len(pending) or not scheduler.idle:
         if scheduler.step_count >= max_steps:
-            raise RuntimeError(f"serve: still busy after max_steps = {max_steps} steps")
+            raise RuntimeError(f"serve: still busy after max_steps = "
+                               f"{max_steps} steps")
         while i < len(pending) and pending[i][0] <= scheduler.step_count:
             scheduler.submit(pending[i][1])
             i += 1

@@ -44,26 +44,31 @@ def softmax(x: Tensor, dim: int = -1, *, inplace: bool = False) -> Tensor:
     """Same contract as :func:`softmax_loop`, every row at once.
 
     x: (..., m) -> (..., m). Follows x's device and dtype. Chapter 3.
-    inplace: overwrite x with the result (as ``F.relu(inplace=True)``), for a scores buffer the
-    caller owns: attention uses it, so its (..., n, m) scores are the only buffer of that size.
+    inplace: overwrite x with the result (as ``F.relu(inplace=True)``), for
+    a scores buffer the caller owns: attention uses it, so its (..., n, m)
+    scores are the only buffer of that size.
     """
     check_tensor("x", x)
-    top = x.detach().amax(dim=dim, keepdim=True)          # the shift needs no gradient
-    top = top.clamp_(min=torch.finfo(x.dtype).min)        # all -inf row: a finite shift instead
-    shifted = x.sub_(top) if inplace else x - top         # every exponent <= 0: no overflow
-    # e^y computed as 2^(y log2 e), the same number: torch's exp2 kernel keeps its speed on the
-    # -inf entries a mask leaves, where exp can slow down several-fold (measured in Chapter 3)
+    # the shift needs no gradient; an all -inf row gets a finite one
+    top = x.detach().amax(dim=dim, keepdim=True)
+    top = top.clamp_(min=torch.finfo(x.dtype).min)
+    shifted = x.sub_(top) if inplace else x - top      # every exponent <= 0
+    # e^y computed as 2^(y log2 e), the same number: torch's exp2 kernel
+    # keeps its speed on the -inf entries a mask leaves, where exp can slow
+    # down several-fold (measured in Chapter 3)
     exps = shifted.mul_(LOG2_E).exp2_()
-    # A row with a finite maximum sums to at least 1 (its maximum gives exp(0) = 1); an all -inf
-    # row sums to 0, and dividing it by 1 instead leaves zeros, not 0 / 0 = NaN.
+    # A row with a finite maximum sums to at least 1 (its maximum gives
+    # exp(0) = 1); an all -inf row sums to 0, and dividing it by 1 instead
+    # leaves zeros, not 0 / 0 = NaN.
     total = exps.sum(dim=dim, keepdim=True).clamp_(min=1.0)
     if exps.requires_grad:
-        return exps / total           # autograd keeps exps for the backward pass: a new tensor
-    return exps.div_(total)           # no gradient: divide in place, no second (..., m) buffer
+        return exps / total      # autograd keeps exps for the backward pass
+    return exps.div_(total)      # no gradient: in place, no new buffer
 
 
 def softmax_naive(x: Tensor, dim: int = -1) -> Tensor:
-    """Softmax without the max shift, kept to show what goes wrong: exp overflows to inf and
-    inf / inf is NaN for logits above about 88 in float32. Do not use. Chapter 3."""
+    """Softmax without the max shift, kept to show what goes wrong: exp
+    overflows to inf and inf / inf is NaN for logits above about 88 in
+    float32. Do not use. Chapter 3."""
     exps = torch.exp(x)
     return exps / exps.sum(dim=dim, keepdim=True)

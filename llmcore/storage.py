@@ -15,19 +15,21 @@ from torch import Tensor
 
 
 def storage_bytes(tensors: Iterable[Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (each storage counted once).
+    """Bytes of the distinct storages behind ``tensors`` (each storage
+    counted once).
 
-    tensors: any tensors on one or several devices (not ``meta``: a meta tensor holds no memory,
-    so it is refused rather than counted as 0). -> bytes, an int.
+    tensors: any tensors on one or several devices (not ``meta``: a meta
+    tensor holds no memory, so it is refused rather than counted as 0).
+    -> bytes, an int.
     """
     seen: dict[tuple[str, int], int] = {}
     for index, t in enumerate(tensors):
         if not isinstance(t, Tensor):
-            raise TypeError(f"storage_bytes: item {index} is a {type(t).__name__}, expected a "
-                            "torch.Tensor")
+            raise TypeError(f"storage_bytes: item {index} is a "
+                            f"{type(t).__name__}, expected a torch.Tensor")
         if t.device.type == "meta":
-            raise ValueError(f"storage_bytes: item {index} is on the meta device, which holds "
-                             "no memory to measure")
+            raise ValueError(f"storage_bytes: item {index} is on the meta "
+                             "device, which holds no memory to measure")
         storage = t.untyped_storage()
         seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())

@@ -76,22 +76,30 @@ def online_softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
     return out.movedim(-1, dim)
 
 
-def online_softmax_step(running_max: Tensor, running_sum: Tensor, scores: Tensor, *,
-                        inplace: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def online_softmax_step(running_max: Tensor, running_sum: Tensor,
+                        scores: Tensor, *, inplace: bool = False
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fold one block of scores into a running maximum and sum.
 
-    running_max, running_sum: (..., 1)   scores: (..., block)   ->
-    new_max (..., 1), new_sum (..., 1), rescale (..., 1), weights (..., block), where
-    ``rescale = exp(running_max - new_max)`` converts anything accumulated against the old maximum
-    and ``weights = exp(scores - new_max)``. Start from running_max = -inf, running_sum = 0.
-    Rows whose scores are all -inf so far keep max -inf and sum 0 (shifted by 0, never NaN).
-    inplace: compute the weights in the scores' own memory (no second tile allocated; the caller
-    must not need the scores afterwards). Chapter 10.
+    running_max, running_sum: (..., 1)   scores: (..., block)
+    -> new_max (..., 1), new_sum (..., 1), rescale (..., 1),
+    weights (..., block), where ``rescale = exp(running_max - new_max)``
+    converts anything accumulated against the old maximum and
+    ``weights = exp(scores - new_max)``. Start from running_max = -inf,
+    running_sum = 0. Rows whose scores are all -inf so far keep max -inf
+    and sum 0 (shifted by 0, never NaN). inplace: compute the weights in
+    the scores' own memory (no second tile allocated; the caller must not
+    need the scores afterwards). Chapter 10.
     """
-    new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))      # (..., 1)
-    shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-    rescale = torch.exp(running_max - shift)                # 0 while nothing was seen: -inf - 0
-    weights = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)   # masked -> 0
+    block_max = scores.amax(dim=-1, keepdim=True)
+    new_max = torch.maximum(running_max, block_max)               # (..., 1)
+    shift = torch.where(torch.isfinite(new_max), new_max,
+                        torch.zeros_like(new_max))
+    # 0 while nothing was seen: exp(-inf - 0)
+    rescale = torch.exp(running_max - shift)
+    # masked scores -> 0
+    weights = (scores.sub_(shift).exp_() if inplace
+               else torch.exp(scores - shift))
     new_sum = running_sum * rescale + weights.sum(dim=-1, keepdim=True)
     return new_max, new_sum, rescale, weights
 
@@ -117,53 +125,68 @@ def online_softmax(x: Tensor, dim: int = -1, *, block: int = DEFAULT_BLOCK) -> T
     return (torch.exp(rows - shift) / total).movedim(-1, dim)       # all -inf rows: 0 / 1
 
 
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                    mask: Tensor | None = None, block_q: int = DEFAULT_BLOCK,
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *,
+                    causal: bool = False, mask: Tensor | None = None,
+                    block_q: int = DEFAULT_BLOCK,
                     block_k: int = DEFAULT_BLOCK) -> Tensor:
-    """Same contract as :func:`llmcore.attention.attention`, one (block_q, block_k) tile at a time.
+    """Same contract as :func:`llmcore.attention.attention`, one
+    (block_q, block_k) tile at a time.
 
-    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)   ->   (..., h, n, d_head)
-    causal: query i sees keys j <= i + (m - n) (bottom-right aligned); key tiles wholly in a
-    query tile's future are skipped, not computed and masked. mask: bool, broadcastable to
-    (..., h, n, m), True where a query may attend to a key. Queries that may see no key get zeros.
-    block_q, block_k: tile sizes; need not divide n or m. The largest intermediate is one
-    (..., h, block_q, block_k) score tile (its weights overwrite it); the running output of a
-    query tile is accumulated in place in its rows of the output, so it costs no buffer.
-    Follows the inputs' device and dtype. Chapter 10.
+    q: (..., h, n, d_head)   k, v: (..., h_kv, m, d_head)
+    -> (..., h, n, d_head)
+    causal: query i sees keys j <= i + (m - n) (bottom-right aligned); key
+    tiles wholly in a query tile's future are skipped, not computed and
+    masked. mask: bool, broadcastable to (..., h, n, m), True where a query
+    may attend to a key. Queries that may see no key get zeros.
+    block_q, block_k: tile sizes; need not divide n or m. The largest
+    intermediate is one (..., h, block_q, block_k) score tile (its weights
+    overwrite it); the running output of a query tile is accumulated in
+    place in its rows of the output, so it costs no buffer. Follows the
+    inputs' device and dtype. Chapter 10.
     """
     group = check_attention_inputs(q, k, v, mask)
-    block_q, block_k = _check_block("block_q", block_q), _check_block("block_k", block_k)
+    block_q = _check_block("block_q", block_q)
+    block_k = _check_block("block_k", block_k)
     n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
     if causal and n > m:
-        raise ValueError(f"tiled_attention: causal with n = {n} queries but only m = {m} keys; "
-                         "expected m >= n (each query is one of the last n keys)")
-    allowed = None if mask is None else mask.expand(*q.shape[:-1], m)    # a view: (..., h, n, m)
-    if group > 1:                           # (..., h_kv, g, n, d_head): no copy of K or V
+        raise ValueError(f"tiled_attention: causal with n = {n} queries "
+                         f"but only m = {m} keys; expected m >= n (each "
+                         "query is one of the last n keys)")
+    # a view: (..., h, n, m)
+    allowed = None if mask is None else mask.expand(*q.shape[:-1], m)
+    if group > 1:             # (..., h_kv, g, n, d_head): no copy of K or V
         q = q.unflatten(-3, (k.shape[-3], group))
-        k, v = k.unsqueeze(-3), v.unsqueeze(-3)                      # (..., h_kv, 1, m, d_head)
-        if allowed is not None:
-            allowed = allowed.unflatten(-3, (k.shape[-4], group))    # (..., h_kv, g, n, m)
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)  # (..., h_kv, 1, m, d_head)
+        if allowed is not None:                  # (..., h_kv, g, n, m)
+            allowed = allowed.unflatten(-3, (k.shape[-4], group))
     scale = math.sqrt(d_head)
-    offset = m - n                                                   # query i is token i + offset
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)       # (..., n, d_head)
+    offset = m - n                             # query i is token i + offset
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_tile = q[..., i0:i1, :] / scale          # (..., tq, d_head): scaled once, not per tile
-        running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF, dtype=q.dtype, device=q.device)
-        running_sum = torch.zeros_like(running_max)                  # (..., tq, 1)
-        acc = out[..., i0:i1, :].zero_()          # (..., tq, d_head): accumulated in the output
-        key_end = min(m, i1 + offset) if causal else m               # last visible key + 1
+        # (..., tq, d_head): scaled once, not once per key tile
+        q_tile = q[..., i0:i1, :] / scale
+        running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF,
+                                 dtype=q.dtype, device=q.device)
+        running_sum = torch.zeros_like(running_max)           # (..., tq, 1)
+        # (..., tq, d_head): accumulated in the output itself
+        acc = out[..., i0:i1, :].zero_()
+        key_end = min(m, i1 + offset) if causal else m   # last key seen + 1
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, m)
-            scores = q_tile @ k[..., j0:j1, :].transpose(-2, -1)      # (..., tq, tk)
-            if causal and j1 - 1 > i0 + offset:                      # tile crosses the diagonal
-                rows = torch.arange(i0, i1, device=q.device).unsqueeze(-1)   # (tq, 1)
-                cols = torch.arange(j0, j1, device=q.device)                 # (tk,)
+            k_tile = k[..., j0:j1, :]
+            scores = q_tile @ k_tile.transpose(-2, -1)       # (..., tq, tk)
+            if causal and j1 - 1 > i0 + offset:  # tile crosses the diagonal
+                rows = torch.arange(i0, i1, device=q.device).unsqueeze(-1)
+                cols = torch.arange(j0, j1, device=q.device)
                 scores.masked_fill_(cols > rows + offset, NEG_INF)
             if allowed is not None:
                 scores.masked_fill_(~allowed[..., i0:i1, j0:j1], NEG_INF)
-            running_max, running_sum, rescale, weights = online_softmax_step(
-                running_max, running_sum, scores, inplace=True)     # weights overwrite scores
-            acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])        # (..., tq, d_head)
-        acc.div_(running_sum.clamp(min=torch.finfo(q.dtype).tiny))   # unseen rows: 0 / tiny = 0
+            # the weights overwrite the scores
+            running_max, running_sum, rescale, weights = \
+                online_softmax_step(running_max, running_sum, scores,
+                                    inplace=True)
+            acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])
+        # rows that saw no key: 0 / tiny = 0
+        acc.div_(running_sum.clamp(min=torch.finfo(q.dtype).tiny))
     return out.flatten(-4, -3) if group > 1 else out

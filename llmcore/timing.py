@@ -174,24 +174,30 @@ def attention_flops(n: int, m: int, d_head: int, *, n_heads: int = 1, batch: int
     return 4 * batch * n_heads * pairs * d_head
 
 
-def layer_flops(n: int, d: int, *, d_ff: int | None = None, n_heads: int = 1, batch: int = 1,
+def layer_flops(n: int, d: int, *, d_ff: int | None = None,
+                n_heads: int = 1, batch: int = 1,
                 causal: bool = False) -> dict[str, int]:
-    """FLOPs of one transformer layer's matrix products for b sequences of n tokens, by part.
+    """FLOPs of one transformer layer's matrix products for b sequences of
+    n tokens, by part.
 
-    x: (b, n, d). Returns {"projections": W_qkv and W_o, 8 b n d^2; "ffn": d -> f -> d,
-    4 b n d f (f = d_ff, default 4d: 16 b n d^2); "attention": q k^T and weights @ v,
-    4 b n^2 d, or only the visible pairs with ``causal`` (what a kernel that skips masked keys
-    does; see :func:`attention_flops`)}. Norms, softmax and activations (a few FLOPs per number,
-    not d) are left out. Chapter 10.
+    x: (b, n, d). Returns {"projections": W_qkv and W_o, 8 b n d^2;
+    "ffn": d -> f -> d, 4 b n d f (f = d_ff, default 4d: 16 b n d^2);
+    "attention": q k^T and weights @ v, 4 b n^2 d, or only the visible
+    pairs with ``causal`` (what a kernel that skips masked keys does; see
+    :func:`attention_flops`)}. Norms, softmax and activations (a few FLOPs
+    per number, not d) are left out. Chapter 10.
     """
     f = 4 * d if d_ff is None else d_ff
     if d % n_heads:
-        raise ValueError(f"layer_flops: n_heads = {n_heads} must divide d = {d}")
-    projections = matmul_flops(n, d, 3 * d, batch=batch) + matmul_flops(n, d, d, batch=batch)
-    return {"projections": projections,
-            "ffn": matmul_flops(n, d, f, batch=batch) + matmul_flops(n, f, d, batch=batch),
-            "attention": attention_flops(n, n, d // n_heads, n_heads=n_heads, batch=batch,
-                                         causal=causal)}
+        raise ValueError(f"layer_flops: n_heads = {n_heads} must divide "
+                         f"d = {d}")
+    projections = (matmul_flops(n, d, 3 * d, batch=batch)
+                   + matmul_flops(n, d, d, batch=batch))
+    ffn = (matmul_flops(n, d, f, batch=batch)
+           + matmul_flops(n, f, d, batch=batch))
+    attention = attention_flops(n, n, d // n_heads, n_heads=n_heads,
+                                batch=batch, causal=causal)
+    return {"projections": projections, "ffn": ffn, "attention": attention}
 
 
 def matmul_peak_gflops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

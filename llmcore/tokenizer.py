@@ -25,15 +25,17 @@ REPLACEMENT_CHARACTER = "\ufffd"
 def encode(text: str) -> list[int]:
     """Text -> token ids: the bytes of its UTF-8 encoding.
 
-    text: a str of any length -> list of len(text.encode()) ints in [0, 256). Chapter 1.
+    text: a str of any length -> list of len(text.encode()) ints in
+    [0, 256). Chapter 1.
 
     >>> encode("hé")
     [104, 195, 169]
     """
     if not isinstance(text, str):
+        hint = (" (decode bytes first, or pass list(data) to decode)"
+                if isinstance(text, (bytes, bytearray)) else "")
         raise TypeError(f"text: expected a str, got {type(text).__name__}"
-                        + (" (decode bytes first, or pass list(data) to decode)"
-                           if isinstance(text, (bytes, bytearray)) else ""))
+                        + hint)
     return list(text.encode("utf-8"))
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the device matrix (CPU always, CUDA where present), seeded generators, a
-tiny random GPT that every model-level test can use, and a JupyterLab server started as
-``course-lab`` starts it (``running_lab``; test_notebooks.py and test_lab.py use it)."""
+tiny random GPT that every model-level test can use, a matplotlib Axes for the figure tests, and
+a JupyterLab server started as ``course-lab`` starts it (``running_lab``; test_notebooks.py and
+test_lab.py use it)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,18 @@ def tiny_model(device) -> GPT:
 def tiny_gqa_model(device) -> GPT:
     """The same, with grouped-query attention (4 query heads sharing 2 K/V heads)."""
     return GPT(TINY_GQA, device=device, seed=2).eval()
+
+
+@pytest.fixture
+def ax():
+    """A fresh Axes on matplotlib's Agg backend (no window), its figure closed after the test.
+    matplotlib is imported here, not at the top: most tests never draw."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    yield ax
+    plt.close(fig)
 
 
 # ------------------------------------------------------------------ a JupyterLab server to test

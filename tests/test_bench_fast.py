@@ -34,6 +34,7 @@ def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
     for b in (1, 3):
         assert ratio(report, f"tiny batch {b}, fast / teaching tokens/s") > 0
     assert ratio(report, "tiny decode step time / weight-read bound") > 0
+    assert ratio(report, "tiny output projection, (v, d) rows / (d, v) copy time") > 0
     for backend in ("fused", "explicit"):
         assert ratio(report, f"mixed lengths, paged / contiguous decode step time ({backend})") > 0
     assert ratio(report, "shared prefix, contiguous / shared-prefix decode step time") > 0

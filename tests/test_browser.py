@@ -2,8 +2,9 @@
 no browser is downloaded) opens the index and every page of _toc.yml from a local HTTP server and
 checks what a reader would see: no console errors, no failed requests, nothing fetched from
 another host, math typeset by the bundled MathJax, every image loaded, every internal link and
-anchor resolving, and no sideways scrolling at a desktop (1280 px) or a phone (390 px) width
-(long code lines scroll inside their block). A screenshot of each page goes to
+anchor resolving, no sideways scrolling at a desktop (1280 px) or a phone (390 px) width
+(long code lines scroll inside their block), and at the desktop width no line of a listing (the
+package's code shown with literalinclude) wrapping. A screenshot of each page goes to
 _build/screenshots/<page>.jpg (and <page>-phone.jpg).
 
 Without Chromium the tests are skipped, unless LLMCORE_REQUIRE_BROWSER=1 (CI sets it).
@@ -168,11 +169,19 @@ OVERFLOW_JS = """() => {
     const code = blocks.filter(pre => pre.closest('div.highlight') && !pre.closest('.cell_output'));
     const scrolling = code.filter(pre => pre.scrollWidth > pre.clientWidth + 1)
         .map(pre => pre.textContent.slice(0, 60));
-    return {width, page, wide, clipped, scrolling};
+    const wrapped = code.filter(pre => !pre.closest('.cell')).filter(pre => {
+        const style = pre.style.whiteSpace;
+        pre.style.whiteSpace = 'pre';                 // unwrapped: does a line stick out?
+        const wraps = pre.scrollWidth > pre.clientWidth + 1;
+        pre.style.whiteSpace = style;
+        return wraps;
+    }).map(pre => pre.textContent.slice(0, 60));
+    return {width, page, wide, clipped, scrolling, wrapped};
 }"""
 """The page's width against the window's, the code blocks that stick out of the window or hide
-text they cannot scroll to, and the blocks of code (cells and listings, not printed output) that
-need a scroll bar to be read."""
+text they cannot scroll to, the blocks of code (cells and listings, not printed output) that
+need a scroll bar to be read, and the listings (llmcore's code shown with literalinclude, and
+the chapters' code examples: code outside executed cells) with a line that wraps."""
 
 MATHJAX_JS = """async () => {
     await MathJax.startup.promise;
@@ -259,6 +268,10 @@ def test_page_in_a_real_browser(browser, site, docname):
             if name == "desktop":       # the whole of every line of code is in view
                 assert not found["scrolling"], f"{docname} at {width} px: code that needs a " \
                                                f"scroll bar: {found['scrolling']}"
+                # and no listed line wraps (a wrapped shape comment lands alone at column 0);
+                # test_literalincludes.py checks the same width on the source, in seconds
+                assert not found["wrapped"], f"{docname} at {width} px: listings with lines " \
+                                             f"wider than the page: {found['wrapped']}"
             else:
                 page.screenshot(path=str(SCREENSHOT_DIR / f"{docname.replace('/', '__')}"
                                                           f"-{name}.jpg"),

@@ -10,7 +10,7 @@ import torch
 
 from llmcore import KVCache, PagedKVCache, Request, Scheduler, SharedPrefixCache, generate
 from llmcore.cache import Cache
-from llmcore.paged import PagedBatch
+from llmcore.paged_batch import PagedBatch
 
 PROTOCOL_METHODS = ("prepare", "attend", "commit")
 

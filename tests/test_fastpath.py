@@ -1,7 +1,8 @@
-"""llmcore.fastpath: the fast path computes what the teaching path computes. Same last-row logits
-after a prompt and after every decode step, same greedy tokens at batch 1 and 16, with left
-padding (mixed prompt lengths), grouped-query attention, eos, seeded sampling; its errors name
-what was wrong; it follows the model's device (CPU, CUDA where present, meta)."""
+"""llmcore.fastpath: the fast path computes what the teaching path computes, for a GPT and for a
+Llama. Same last-row logits after a prompt and after every decode step, same greedy tokens at
+batch 1 and 16, with left padding (mixed prompt lengths), grouped-query attention, eos, seeded
+sampling; its errors name what was wrong; it keeps its state on itself, never on the model; it
+follows the model's device (CPU, CUDA where present, meta)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,27 @@ import pytest
 import torch
 
 from conftest import TINY, TINY_GQA
-from llmcore import generate
-from llmcore.fastpath import FastGPT, StaticCache, generate_fast, packed_linear_available
+from llmcore import decode_steps, generate
+from llmcore.fastpath import (FastGPT, FastLlama, StaticCache, fast_model,
+                              packed_linear_available)
 from llmcore.kvcache import KVCache
+from llmcore.llama import Llama, LlamaConfig
 from llmcore.model import GPT
 from test_model import randomize, token_ids
+
+TINY_LLAMA = LlamaConfig(vocab_size=61, max_seq_len=48, d_model=32, n_heads=4, n_kv_heads=2,
+                         n_layers=2, d_ff=40)
+"""A Llama with grouped-query attention, every size distinct from the GPTs' where it can be."""
+
+
+def tiny(kind: str, seed: int, device="cpu"):
+    """A randomized tiny model of one kind: "mha", "gqa" (GPTs) or "llama"."""
+    if kind == "llama":
+        return randomize(Llama(TINY_LLAMA), seed=seed).to(device).eval()
+    return randomize(GPT(TINY if kind == "mha" else TINY_GQA), seed=seed).to(device).eval()
+
+
+KINDS = ["mha", "gqa", "llama"]
 
 
 def mixed_lengths(config, b, n, device, seed=0):
@@ -25,11 +42,12 @@ def mixed_lengths(config, b, n, device, seed=0):
     return token_ids(config, b, n, seed).to(device), mask.to(device)
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
-def test_step_logits_equal_the_teaching_forward_with_a_cache(config, device):
-    model = randomize(GPT(config), seed=4).to(device).eval()
-    prompt = token_ids(config, 3, 7).to(device)
-    fast, cache = FastGPT(model), StaticCache(model, 3, 12)
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_logits_equal_the_teaching_forward_with_a_cache(kind, device):
+    model = tiny(kind, seed=4, device=device)
+    prompt = token_ids(model.config, 3, 7).to(device)
+    fast, cache = fast_model(model), StaticCache(model, 3, 12)
+    assert type(fast) is (FastLlama if kind == "llama" else FastGPT)
     teaching = KVCache.for_model(model, 3)
     positions = torch.arange(12, device=device).expand(3, 12)
     with torch.no_grad():
@@ -51,7 +69,8 @@ def test_the_output_projection_follows_the_embedding_when_it_changes(device):
     assert head.shape == (TINY.d_model, TINY.vocab_size) and head.is_contiguous()
     assert torch.equal(head, model.token_embedding.t())
     assert fast.output_weight() is head                       # kept while nothing changes
-    assert FastGPT(model).output_weight() is head             # with the model, across calls
+    assert FastGPT(model).output_weight() is not head         # each fast model owns its copy
+    assert not [name for name in vars(model) if "fast" in name]   # nothing hung on the model
     prompt = token_ids(TINY, 2, 5).to(device)
     positions = torch.arange(5, device=device).expand(2, 5)
     with torch.no_grad():
@@ -62,16 +81,16 @@ def test_the_output_projection_follows_the_embedding_when_it_changes(device):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
-def test_prepacked_products_for_batches_give_the_plain_fast_path_logits(config):
-    model = randomize(GPT(config), seed=6).eval()
+@pytest.mark.parametrize("kind", KINDS)
+def test_prepacked_products_for_batches_give_the_plain_fast_path_logits(kind):
+    model = tiny(kind, seed=6)
     if not packed_linear_available(model):
         pytest.skip("this torch has no oneDNN (mkldnn) CPU kernels")
-    packed, plain = FastGPT(model, batch_size=4), FastGPT(model)
-    assert packed.packed and not plain.packed and not FastGPT(model, batch_size=1).packed
-    assert not packed_linear_available(GPT(config, dtype=torch.float64))
-    assert not packed_linear_available(GPT(config, device="meta"))
-    prompt = token_ids(config, 4, 6)
+    packed, plain = fast_model(model, batch_size=4), fast_model(model)
+    assert packed.packed and not plain.packed and not fast_model(model, batch_size=1).packed
+    assert not packed_linear_available(type(model)(model.config, dtype=torch.float64))
+    assert not packed_linear_available(type(model)(model.config, device="meta"))
+    prompt = token_ids(model.config, 4, 6)
     positions = torch.arange(8).expand(4, 8)
     with torch.inference_mode():
         caches = StaticCache(model, 4, 8), StaticCache(model, 4, 8)
@@ -83,26 +102,30 @@ def test_prepacked_products_for_batches_give_the_plain_fast_path_logits(config):
 
 
 @pytest.mark.parametrize("b", [1, 16])
-@pytest.mark.parametrize("config", [TINY, TINY_GQA], ids=["mha", "gqa"])
-def test_greedy_tokens_equal_the_teaching_path(config, b, device):
-    model = randomize(GPT(config), seed=5).to(device).eval()
-    prompt = token_ids(config, b, 6, seed=b).to(device)
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_tokens_equal_the_teaching_path(kind, b, device):
+    model = tiny(kind, seed=5, device=device)
+    prompt = token_ids(model.config, b, 6, seed=b).to(device)
     want = generate(model, prompt, 20)
     assert torch.equal(generate(model, prompt, 20, fast=True), want)
-    assert torch.equal(generate_fast(model, prompt, 20), want)
+    kept = fast_model(model, batch_size=b)                    # built once, used twice
+    assert torch.equal(generate(model, prompt, 20, fast=kept), want)
+    assert torch.equal(generate(model, prompt, 20, fast=kept), want)
 
 
 @pytest.mark.parametrize("b", [1, 16])
-def test_mixed_prompt_lengths_with_left_padding_give_the_teaching_tokens(b, device):
-    model = randomize(GPT(TINY), seed=6).to(device).eval()
-    prompt, mask = mixed_lengths(TINY, b, 9, device, seed=b)
+@pytest.mark.parametrize("kind", ["mha", "llama"])
+def test_mixed_prompt_lengths_with_left_padding_give_the_teaching_tokens(kind, b, device):
+    model = tiny(kind, seed=6, device=device)
+    prompt, mask = mixed_lengths(model.config, b, 9, device, seed=b)
     want = generate(model, prompt, 15, attention_mask=mask)
     assert torch.equal(generate(model, prompt, 15, attention_mask=mask, fast=True), want)
 
 
-def test_eos_and_seeded_sampling_match_the_teaching_path():
-    model = randomize(GPT(TINY), seed=7).eval()
-    prompt = token_ids(TINY, 4, 5)
+@pytest.mark.parametrize("kind", ["mha", "llama"])
+def test_eos_and_seeded_sampling_match_the_teaching_path(kind):
+    model = tiny(kind, seed=7)
+    prompt = token_ids(model.config, 4, 5)
     greedy = generate(model, prompt, 12)
     eos = int(greedy[0, 8])                         # a token the first sequence emits
     assert torch.equal(generate(model, prompt, 12, eos_id=eos, fast=True),
@@ -113,13 +136,17 @@ def test_eos_and_seeded_sampling_match_the_teaching_path():
                            generate(model, prompt, 12, temperature=0.8, top_k=5, seed=seed))
 
 
-def test_fast_path_runs_under_inference_mode_and_leaves_the_model_unchanged():
-    model = randomize(GPT(TINY), seed=8).eval()
+@pytest.mark.parametrize("kind", ["mha", "llama"])
+def test_fast_path_runs_under_inference_mode_and_leaves_the_model_unchanged(kind):
+    model = tiny(kind, seed=8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    out = generate(model, token_ids(TINY, 2, 4), 5, fast=True)
-    assert out.is_inference()
+    attributes = set(vars(model))
+    steps = list(decode_steps(model, token_ids(model.config, 2, 4), 5, fast=True))
+    assert all(step.logits.is_inference() for step in steps)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+    assert set(vars(model)) == attributes                     # nothing hung on the model
 
 
 def test_bad_calls_are_refused_with_what_was_expected():
@@ -134,13 +161,16 @@ def test_bad_calls_are_refused_with_what_was_expected():
     with pytest.raises(ValueError, match="fast=True brings its own cache"):
         generate(model, prompt, 3, backend="fused", fast=True)
     with pytest.raises(ValueError, match="another model"):
-        generate_fast(model, prompt, 3, fast_model=FastGPT(GPT(TINY)))
+        generate(model, prompt, 3, fast=FastGPT(GPT(TINY)))
+    with pytest.raises(TypeError, match="serves llmcore's GPT and Llama models, got Linear"):
+        fast_model(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, prompt, -1, fast=True)
 
 
-def test_meta_device_generation_makes_nothing_on_the_cpu():
-    model = GPT(TINY_GQA, device="meta")
+@pytest.mark.parametrize("model", [GPT(TINY_GQA, device="meta"),
+                                   Llama(TINY_LLAMA, device="meta")], ids=["gpt", "llama"])
+def test_meta_device_generation_makes_nothing_on_the_cpu(model):
     prompt = torch.zeros(3, 5, dtype=torch.long, device="meta")
     out = generate(model, prompt, 4, fast=True)
     assert out.shape == (3, 9) and out.device.type == "meta"

@@ -94,10 +94,8 @@ def test_each_view_draws_its_shapes(view, config):
     fig.canvas.draw()        # renders: every artist (mathtext included) must be drawable
 
 
-def test_draws_into_a_given_axes():
-    fig, ax = plt.subplots()
-    plt.close(fig)
-    assert plot_architecture(CONFIG, view="matrices", ax=ax) is fig
+def test_draws_into_a_given_axes(ax):
+    assert plot_architecture(CONFIG, view="matrices", ax=ax) is ax.figure
 
 
 @pytest.mark.parametrize("kwargs, error, words", [

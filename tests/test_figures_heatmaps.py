@@ -66,8 +66,7 @@ def test_a_single_matrix_and_unlabelled_ticks(rng):
     assert ticks[0] == "0" and len(ticks) <= 15                  # index ticks, thinned out
 
 
-def test_draw_heatmap_on_a_given_axes():
-    fig, ax = plt.subplots()
+def test_draw_heatmap_on_a_given_axes(ax):
     values = np.array([[0.0, 2.0], [1.0, 3.0]])
     image = draw_heatmap(ax, values, vmin=0, vmax=3, row_labels=["r0", "r1"], xlabel="d",
                          title="t")
@@ -79,7 +78,6 @@ def test_draw_heatmap_on_a_given_axes():
         draw_heatmap(ax, values, col_labels=["a"])
     with pytest.raises(ValueError, match="values: expected a non-empty"):
         draw_heatmap(ax, np.ones(3))
-    plt.close(fig)
 
 
 def test_token_labels():

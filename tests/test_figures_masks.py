@@ -20,13 +20,6 @@ from llmcore.layout import contiguous_layout  # noqa: E402
 from llmcore.masks import causal_mask  # noqa: E402
 
 
-@pytest.fixture
-def ax():
-    fig, ax = plt.subplots()
-    yield ax
-    plt.close(fig)
-
-
 def cells(ax):
     """(row, col) -> face colour of each grid cell drawn on ax (patches, or one RGB image)."""
     if ax.images:

@@ -19,13 +19,6 @@ from course.figures.matrices import (HEAD_COLORS, MASKED_COLOR, MAX_SIDE, draw_m
                                       group_of_each, plot_matrices)
 
 
-@pytest.fixture
-def ax():
-    fig, ax = plt.subplots()
-    yield ax
-    plt.close(fig)
-
-
 def cells(ax):
     """(row, col) -> face colour of each grid cell drawn on ax."""
     return {(int(p.get_y()), int(p.get_x())): p.get_facecolor()[:3]

@@ -1,6 +1,7 @@
-"""llmcore.generate: greedy is argmax, seeded sampling is reproducible and follows softmax(logits / T),
-top-k never leaves the top k, per-row generators make a row's draws independent of its batch, eos
-stops a sequence, and the generation loop equals running the model by hand."""
+"""llmcore.generate: greedy generation equals running the model by hand, with or without a cache;
+seeded sampling is reproducible and per-sequence seeds give a row the tokens it gets alone; eos
+stops a sequence; bad requests are refused before any step runs. (sample: test_sampling.py; the
+loop itself: test_decode.py.)"""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import pytest
 import torch
 
 from conftest import TINY, TINY_GQA
-from llmcore import decode_steps, generate, sample
+from llmcore import decode_steps, generate
 from llmcore.model import GPT, GPTConfig
-from llmcore.softmax import softmax
 from test_model import randomize
 
 
@@ -22,82 +22,6 @@ def prompt_ids(config, b=2, n=4, seed=0):
 def model():
     return randomize(GPT(TINY), seed=3).eval()
 
-
-# ---------------------------------------------------------------------------------------- sample
-
-def test_greedy_is_argmax(rng):
-    logits = torch.from_numpy(rng.standard_normal((5, 11))).float()
-    assert torch.equal(sample(logits), logits.argmax(dim=-1))
-    assert torch.equal(sample(logits, temperature=0.0, top_k=3), logits.argmax(dim=-1))
-    assert torch.equal(sample(logits, temperature=1.0, top_k=1,
-                              generator=torch.Generator().manual_seed(0)), logits.argmax(dim=-1))
-
-
-def test_seeded_sampling_is_reproducible(rng):
-    logits = torch.from_numpy(rng.standard_normal((6, 40))).float()
-
-    def draws(seed):
-        g = torch.Generator().manual_seed(seed)
-        return torch.stack([sample(logits, temperature=1.5, generator=g) for _ in range(5)])
-
-    assert torch.equal(draws(7), draws(7))
-    assert not torch.equal(draws(7), draws(8))
-
-
-@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
-def test_draws_follow_softmax_of_logits_over_temperature(temperature):
-    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-    draws = sample(logits.expand(8000, 5), temperature=temperature,
-                   generator=torch.Generator().manual_seed(0))
-    freq = torch.bincount(draws, minlength=5).float() / 8000
-    want = softmax(logits / temperature)
-    torch.testing.assert_close(freq, want, rtol=0, atol=0.025)   # ~5 standard errors
-
-
-def test_top_k_never_picks_outside_the_top_k():
-    """The tail is individually smaller but collectively most of the mass (about 82% here), so a
-    sampler that ignored top_k would leave the top 3 thousands of times in 3000 draws."""
-    logits = torch.cat([torch.tensor([1.0, 0.9, 0.8]), torch.full((17,), 0.7)])
-    logits = logits[torch.randperm(20, generator=torch.Generator().manual_seed(1))]   # shuffled
-    top = set(logits.topk(3).indices.tolist())
-    draws = sample(logits.expand(3000, 20), temperature=1.0, top_k=3,
-                   generator=torch.Generator().manual_seed(2))
-    assert set(draws.tolist()) == top                     # every top-k token drawn, nothing else
-    untruncated = sample(logits.expand(3000, 20), temperature=1.0,
-                         generator=torch.Generator().manual_seed(2))
-    assert not set(untruncated.tolist()) <= top           # the test can tell the difference
-
-
-def test_per_row_generators_draw_the_same_alone_and_in_a_batch(rng):
-    logits = torch.from_numpy(rng.standard_normal((3, 25))).float()
-    seeds = [11, 22, 33]
-    batch_gens = [torch.Generator().manual_seed(s) for s in seeds]
-    alone_gens = [torch.Generator().manual_seed(s) for s in seeds]
-    for _ in range(6):
-        batch = sample(logits, temperature=1.0, top_k=10, generator=batch_gens)
-        alone = [sample(logits[i:i + 1], temperature=1.0, top_k=10, generator=[alone_gens[i]])
-                 for i in range(3)]
-        assert torch.equal(batch, torch.cat(alone))
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(temperature=-0.5), ValueError, "temperature must be >= 0, got -0.5"),
-    (dict(temperature=1.0, top_k=0), ValueError, "top_k must be positive, got 0"),
-    (dict(temperature=1.0, generator=[torch.Generator()]), ValueError, r"generator: expected one per row \(2\), got 1"),
-])
-def test_sample_refuses_bad_arguments(kwargs, error, message):
-    with pytest.raises(error, match=message):
-        sample(torch.zeros(2, 5), **kwargs)
-
-
-def test_sample_wants_one_row_of_logits_per_sequence():
-    with pytest.raises(ValueError, match=r"logits: expected shape \(b, v\), got \(2, 3, 5\)"):
-        sample(torch.zeros(2, 3, 5))
-    with pytest.raises(TypeError, match="logits: expected a torch.Tensor"):
-        sample([[0.0, 1.0]])
-
-
-# -------------------------------------------------------------------------------------- generate
 
 def test_greedy_generate_equals_argmax_of_the_model_by_hand(model):
     ids = prompt_ids(TINY, b=3, n=4)

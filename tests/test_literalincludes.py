@@ -1,30 +1,62 @@
 """Every ``literalinclude`` in the chapters names a file that exists and, with ``:pyobject:``, an
-object defined in it: a rename in llmcore fails here, in seconds, instead of in the book build."""
+object defined in it: a rename in llmcore fails here, in seconds, instead of in the book build.
+And every line the book shows of it fits the page: no included line wraps at a 1280 px window
+(test_browser.py checks the same in Chromium on the built site)."""
 
 from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DIRECTIVE = re.compile(r"^```\{literalinclude\}\s+(?P<path>\S+)\s*\n(?P<options>(?::[^\n]*\n)*)",
-                       re.MULTILINE)
+DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)```\{literalinclude\}\s+(?P<path>\S+)\s*\n"
+                       r"(?P<options>(?:(?P=indent):[^\n]*\n)*)", re.MULTILINE)
+"""A literalinclude, at the start of a line or indented inside a list item, and its options."""
 
 
-def includes() -> list[tuple[str, Path, str | None]]:
-    """(where, included file, pyobject or None) for every literalinclude of every chapter."""
+PAGE_COLUMNS = 76
+"""Characters of code one line of the book holds at a 1280 px window: sphinx-book-theme's article
+column leaves a literalinclude block 642 px, and its 14 px monospace font is 8.43 px wide
+(measured in Chromium). A longer line wraps, and a right-aligned shape comment lands alone at
+the start of the next line."""
+
+LIST_ITEM_COLUMNS = 72
+"""The same inside a list item (an indented directive): the list's margin takes 4 columns."""
+
+
+def includes(with_options: bool = False) -> list[tuple]:
+    """(where, included file, pyobject or None) for every literalinclude of every chapter, and
+    when asked its options ({name: value}) and the columns its block holds on the page."""
     found = []
     for chapter in sorted((ROOT / "chapters").glob("*.md")):
         text = chapter.read_text(encoding="utf-8")
         for match in DIRECTIVE.finditer(text):
             line = text.count("\n", 0, match.start()) + 1
-            options = dict(re.findall(r"^:(\w+):\s*(.*)$", match["options"], re.MULTILINE))
+            options = dict(re.findall(r"^[ \t]*:(\w+):[ \t]*(.*)$", match["options"],
+                                      re.MULTILINE))
+            columns = LIST_ITEM_COLUMNS if match["indent"] else PAGE_COLUMNS
             found.append((f"{chapter.name}:{line}", (chapter.parent / match["path"]).resolve(),
-                          options.get("pyobject")))
+                          options.get("pyobject"),
+                          *([options, columns] if with_options else [])))
     return found
+
+
+def shown_lines(source: str, pyobject: str | None, dedent: bool) -> list[str]:
+    """The lines the book shows: the whole file, or the object (decorators included, as Sphinx
+    takes them), with the common indentation removed under ``:dedent:``."""
+    lines = source.splitlines()
+    if pyobject is not None:
+        body, node = ast.parse(source).body, None
+        for name in pyobject.split("."):
+            node = next(n for n in body if getattr(n, "name", None) == name)
+            body = getattr(node, "body", [])
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        lines = lines[first - 1:node.end_lineno]
+    return textwrap.dedent("\n".join(lines)).splitlines() if dedent else lines
 
 
 def defined_objects(source: str) -> set[str]:
@@ -54,6 +86,42 @@ def test_each_include_names_a_real_file_and_object(where, path, pyobject):
         names = defined_objects(path.read_text(encoding="utf-8"))
         assert pyobject in names, (f"{where}: :pyobject: {pyobject} is not defined in "
                                    f"{path.relative_to(ROOT)}")
+
+
+@pytest.mark.parametrize("where, path, pyobject, options, columns", includes(with_options=True),
+                         ids=[w for w, _, _ in INCLUDES])
+def test_each_included_line_fits_the_page(where, path, pyobject, options, columns):
+    if not path.is_file():
+        pytest.skip("the file is missing (its own test says so)")
+    lines = shown_lines(path.read_text(encoding="utf-8"), pyobject, "dedent" in options)
+    wide = [f"{len(line)}: {line.strip()[:50]}" for line in lines if len(line) > columns]
+    assert not wide, (f"{where}: {len(wide)} line(s) of {pyobject or path.name} wider than the "
+                      f"{columns} columns the page shows (wrap them, or move a shape comment "
+                      f"onto its own line):\n  " + "\n  ".join(wide))
+
+
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>python|bash)\n(?P<body>.*?)^(?P=indent)```",
+                   re.MULTILINE | re.DOTALL)
+"""A code example written in a chapter's text (not an executed cell: those are ``{code-cell}``)."""
+
+
+@pytest.mark.parametrize("chapter", sorted((ROOT / "chapters").glob("*.md")),
+                         ids=lambda p: p.name)
+def test_each_code_example_fits_the_page(chapter):
+    text = chapter.read_text(encoding="utf-8")
+    wide = [line.strip()[:50] for match in FENCE.finditer(text)
+            for line in match["body"].splitlines()
+            if len(line) - len(match["indent"]) >
+            (LIST_ITEM_COLUMNS if match["indent"] else PAGE_COLUMNS)]
+    assert not wide, f"{chapter.name}: example lines wider than the page shows: {wide}"
+
+
+def test_shown_lines_take_the_object_and_its_dedent():
+    source = "import x\n\nclass A:\n    @staticmethod\n    def f():\n        return 1\n"
+    assert shown_lines(source, "A.f", dedent=True) == ["@staticmethod", "def f():",
+                                                        "    return 1"]
+    assert shown_lines(source, "A.f", dedent=False)[0] == "    @staticmethod"
+    assert len(shown_lines(source, None, dedent=False)) == 6
 
 
 def test_a_missing_object_is_caught():

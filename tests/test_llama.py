@@ -1,6 +1,7 @@
 """llmcore.llama: equal to Hugging Face transformers' LlamaForCausalLM on random weights of a small
-config (logits, cached decoding, greedy tokens); keys cached already rotated; the GQA cache costs
-2 L h_kv d_head elements per token; padding, devices and bad configs."""
+config (logits, cached decoding, greedy tokens, also on the fast path); keys cached already
+rotated; the GQA cache costs 2 L h_kv d_head elements per token; padding, devices and bad
+configs."""
 
 from __future__ import annotations
 
@@ -84,15 +85,17 @@ def test_cached_decoding_equals_hugging_face_with_its_dynamic_cache():
     assert cache.length == 6 + 4
 
 
-def test_greedy_tokens_equal_hugging_face_with_and_without_cache():
+def test_greedy_tokens_equal_hugging_face_with_and_without_cache_and_on_the_fast_path():
     hf = hf_llama(seed=4)
     model = from_hf(hf)
     tokens = prompt(n=7, seed=5)
     with_cache = generate(model, tokens, 12)
     without = generate(model, tokens, 12, use_cache=False)
+    fast = generate(model, tokens, 12, fast=True)
     theirs = hf.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=12,
                          do_sample=False, pad_token_id=0)
     assert torch.equal(with_cache, without)
+    assert torch.equal(with_cache, fast)
     assert torch.equal(with_cache, theirs)
 
 

@@ -17,12 +17,14 @@ from llmcore.model import GPT, GPTConfig, INIT_STD
 
 def randomize(model: GPT, seed: int = 0, std: float = 0.3) -> GPT:
     """Every parameter random and O(1) (biases and norm shifts too, which GPT-2's init zeroes), so a
-    wrong bias, scale or axis anywhere changes the logits visibly."""
+    wrong bias, scale or axis anywhere changes the logits visibly. Norm scales stay near 1. A
+    Llama works too."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=p.dtype) * std
-            p.copy_((1.0 + noise if name.endswith("scale") else noise).to(p.device))
+            scale = name.endswith(("scale", "norm.weight", "norm_f.weight"))   # GPT's, Llama's
+            p.copy_((1.0 + noise if scale else noise).to(p.device))
     return model
 
 

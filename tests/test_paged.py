@@ -1,5 +1,6 @@
-"""Paged KV cache: the allocator's invariants, paged == contiguous (forks, copy on write, frees),
-waste under one block per sequence, and refusals that leave every other sequence intact."""
+"""llmcore.paged: paged == contiguous (forks, copy on write, frees), waste under one block per
+sequence, refusals that leave every other sequence intact, and the reference counts the block
+tables account for."""
 
 from __future__ import annotations
 
@@ -9,17 +10,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from llmcore import GPT, BlockAllocator, KVCache, OutOfBlocks, PagedKVCache
-from llmcore.paged import block_fill, block_owners
+from llmcore import GPT, KVCache, OutOfBlocks, PagedKVCache
 from conftest import TINY_GQA
-
-
-def test_owners_and_fill_follow_the_tables():
-    tables = {"a": [3, 0, 5], "b": [3, 1]}
-    lengths = {"a": 10, "b": 6}
-    assert block_owners(tables) == {3: ["a", "b"], 0: ["a"], 5: ["a"], 1: ["b"]}
-    # p = 4: a fills 4, 4, 2; b fills 4, 2; the shared block 3 is full
-    assert block_fill(tables, lengths, 4) == {3: 4, 0: 4, 5: 2, 1: 2}
 
 
 def test_cache_check_catches_a_count_no_table_accounts_for():
@@ -31,59 +23,6 @@ def test_cache_check_catches_a_count_no_table_accounts_for():
     cache.allocator.allocate()                      # a reference no table accounts for
     with pytest.raises(AssertionError, match="reference count 1 but 0 block tables list it"):
         cache.check()
-
-
-# -- the allocator ------------------------------------------------------------------------------
-def test_allocator_hands_out_and_takes_back():
-    pool = BlockAllocator(3)
-    a, b = pool.allocate(), pool.allocate()
-    assert {a, b} <= {0, 1, 2} and a != b and pool.num_free == 1
-    pool.share(a)
-    pool.free(a)
-    assert pool.num_free == 1                     # still referenced once
-    pool.free(a)
-    assert pool.num_free == 2 and pool.ref_counts[a] == 0
-    pool.check()
-
-
-@pytest.mark.parametrize("action, error, message", [
-    (lambda p: p.free(0), ValueError, "double free: block 0"),
-    (lambda p: p.free(7), ValueError, r"outside the pool \[0, 2\)"),
-    (lambda p: p.share(1), ValueError, "block 1 is free"),
-])
-def test_allocator_refuses_misuse(action, error, message):
-    pool = BlockAllocator(2)
-    with pytest.raises(error, match=message):
-        action(pool)
-    pool.check()
-
-
-def test_allocator_runs_out_clearly():
-    pool = BlockAllocator(1)
-    pool.allocate()
-    with pytest.raises(OutOfBlocks, match="all 1 are in use"):
-        pool.allocate()
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "share", "free"]), st.integers(0, 7)),
-                max_size=60))
-def test_allocator_invariants_hold_under_any_operations(operations):
-    pool = BlockAllocator(8)
-    owners: list[int] = []                        # one entry per reference handed out
-    for op, pick in operations:
-        if op == "alloc" and pool.num_free:
-            owners.append(pool.allocate())
-        elif op == "share" and owners:
-            block = owners[pick % len(owners)]
-            pool.share(block)
-            owners.append(block)
-        elif op == "free" and owners:
-            pool.free(owners.pop(pick % len(owners)))
-        pool.check()
-        for block in range(8):
-            assert pool.ref_counts[block] == owners.count(block)   # no block owned twice unseen
-        assert pool.num_used == len(set(owners))
 
 
 # -- paged == contiguous ------------------------------------------------------------------------
@@ -300,58 +239,3 @@ def test_truncate_returns_blocks_and_keeps_shared_ones_safe(tiny_gqa_model):
     twin.paged.check()
     with pytest.raises(ValueError, match="truncate: length must lie in"):
         twin.paged.truncate("b", 99)
-
-
-# -- length groups: each group gathered only to its own longest sequence ----------------------
-@given(st.lists(st.integers(1, 900), min_size=1, max_size=16), st.integers(0, 2000))
-@settings(max_examples=60, deadline=None)
-def test_length_groups_cover_every_row_once_and_beat_one_group(ends, cost):
-    from llmcore.paged import length_groups
-    groups = length_groups(ends, group_cost=cost)
-    rows = sorted(r for group, _ in groups for r in group)
-    assert rows == list(range(len(ends)))
-    for group, m in groups:
-        assert m == max(ends[r] for r in group)
-    gathered = sum(len(group) * m + cost for group, m in groups)
-    assert gathered <= len(ends) * max(ends) + cost            # never worse than one group
-
-
-def test_length_groups_extremes():
-    from llmcore.paged import length_groups
-    assert length_groups([5, 900, 20], group_cost=10**9) == [([0, 2, 1], 900)]
-    assert length_groups([5, 900, 20], group_cost=0) == [([0], 5), ([2], 20), ([1], 900)]
-
-
-@pytest.mark.parametrize("backend", ["explicit", "fused"])
-def test_mixed_lengths_decode_in_groups_equals_contiguous(device, backend, monkeypatch):
-    """16 sequences of very different lengths (several groups) decode as one paged batch; every
-    step's logits equal each sequence decoded alone in a contiguous cache."""
-    import llmcore.paged
-    splits = []
-    original = llmcore.paged.length_groups
-    monkeypatch.setattr(llmcore.paged, "length_groups",
-                        lambda ends, **options: splits.append(original(ends, **options))
-                        or splits[-1])
-    model = GPT(TINY_GQA, device=device, seed=3).eval()
-    g = torch.Generator().manual_seed(5)
-    lengths = [2, 40, 3, 38, 5, 30, 1, 44, 7, 20, 33, 9, 41, 2, 25, 12]
-    paged = PagedKVCache.for_model(model, block_size=4, num_blocks=16 * 12)
-    paged.group_cost = 8                                  # several groups at these sizes
-    alone, tokens = [], []
-    with torch.no_grad():
-        for i, length in enumerate(lengths):
-            prompt = torch.randint(0, TINY_GQA.vocab_size, (1, length), generator=g).to(device)
-            paged.add_sequence(i)
-            model(prompt, paged.batch([i]), backend=backend)
-            alone.append(KVCache.for_model(model, 1))
-            tokens.append(model(prompt, alone[i], backend=backend)[:, -1:].argmax(-1))
-        batch = paged.batch(range(16))
-        for step in range(3):
-            step_ids = torch.cat(tokens)                                       # (16, 1)
-            got = model(step_ids, batch, backend=backend)
-            for i in range(16):
-                want = model(step_ids[i:i + 1], alone[i], backend=backend)
-                torch.testing.assert_close(got[i:i + 1], want, rtol=1e-4, atol=1e-5)
-                tokens[i] = want[:, -1:].argmax(-1)
-    paged.check()
-    assert len(splits[-1]) > 1, splits[-1]                 # the decode steps ran in groups

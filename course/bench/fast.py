@@ -7,6 +7,8 @@
   the SAME weights (the llmcore model is saved with ``save_gpt2`` and loaded by
   ``from_pretrained`` from that local directory; nothing is downloaded). Tokens must be equal;
 * one fast decode step against its weight-read bound (weight bytes / measured bandwidth);
+* the tied output projection of one token read as the embedding (v, d) and from the fast path's
+  transposed (d, v) copy, and what the copy costs;
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
 * a paged decode step against a contiguous one on 16 sequences of mixed lengths (20-900);
 * a shared-prefix decode step against a contiguous cache that stores the prefix per sequence;
@@ -31,11 +33,12 @@ import torch.nn.functional as F
 from llmcore.attention import attention
 from llmcore.checkpoint import save_gpt2
 from llmcore.device import describe_machine
-from llmcore.fastpath import FastGPT, StaticCache, generate_fast
+from llmcore.fastpath import FastGPT, StaticCache
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache
 from llmcore.model import GPT, GPTConfig
-from llmcore.paged import PagedKVCache, block_run
+from llmcore.paged import PagedKVCache
+from llmcore.paged_batch import block_run
 from llmcore.peak_memory import peak_memory
 from llmcore.prefix import SharedPrefixCache
 from llmcore.tiled import tiled_attention
@@ -169,8 +172,9 @@ def generation(out: TextIO, label: str, model: GPT, peer, sizes: Sizes,
         ids, mask = mixed_prompts(config, b, sizes.prompt, seed=b)
         ids = ids.to(model.device)
         mask = None if mask is None else mask.to(model.device)
+        fast = FastGPT(model, batch_size=b)        # prepared once, as transformers' model is
         runs = {"teaching": lambda: generate(model, ids, new, attention_mask=mask),
-                "fast": lambda: generate(model, ids, new, attention_mask=mask, fast=True)}
+                "fast": lambda: generate(model, ids, new, attention_mask=mask, fast=fast)}
         if peer is not None:
             runs["transformers"] = lambda: peer.generate(
                 input_ids=ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
@@ -228,24 +232,45 @@ def decode_vs_bandwidth(out: TextIO, label: str, model: GPT, bandwidth: float, s
                     at_most=STEP_VS_BOUND_AT_MOST if label == "4M" else None, checked=checked)
 
 
+def output_layout(out: TextIO, label: str, model: GPT, sizes: Sizes) -> None:
+    """The tied output projection of one token, read in the embedding's own (v, d) layout
+    (``F.linear``) and from the fast path's transposed (d, v) copy (``FastGPT.output_weight``),
+    and what making that copy costs once."""
+    fast = FastGPT(model)
+    start = time.perf_counter()
+    transposed = fast.output_weight()
+    copy = time.perf_counter() - start
+    x = torch.randn(1, model.config.d_model, generator=torch.Generator().manual_seed(7))
+    x = x.to(device=model.device, dtype=model.dtype)
+    embedding = model.token_embedding.detach()
+    torch.testing.assert_close(x @ transposed, F.linear(x, embedding), rtol=1e-4, atol=1e-4)
+    rows = best_time(F.linear, x, embedding, sizes=sizes)
+    columns = best_time(torch.matmul, x, transposed, sizes=sizes)
+    out.write(f"\noutput projection of one token, {label}, embedding (v, d) = "
+              f"{tuple(embedding.shape)}: F.linear on (v, d) {format_seconds(rows)}, x @ the "
+              f"(d, v) copy {format_seconds(columns)}; making the copy took "
+              f"{format_seconds(copy)} (once per fast model)\n")
+    write_ratio(out, f"{label} output projection, (v, d) rows / (d, v) copy time",
+                rows / columns)
+
+
 def with_and_without_compile(out: TextIO, model: GPT, sizes: Sizes) -> None:
     ids = mixed_prompts(model.config, 1, sizes.prompt, seed=0)[0].to(model.device)
     eager = FastGPT(model)
     start = time.perf_counter()
     try:
         compiled = FastGPT(model, compile=True)
-        want = generate_fast(model, ids, sizes.new_tokens, fast_model=eager)
-        got = generate_fast(model, ids, sizes.new_tokens, fast_model=compiled)
+        want = generate(model, ids, sizes.new_tokens, fast=eager)
+        got = generate(model, ids, sizes.new_tokens, fast=compiled)
     except Exception as err:                       # report, never hide: the figure is missing
         out.write(f"\ntorch.compile failed here: {type(err).__name__}: {err}\n")
         return
     warm_up = time.perf_counter() - start
     if not torch.equal(got, want):
         raise AssertionError("the compiled fast path generated other tokens")
-    times, _ = best_of({"eager": lambda: generate_fast(model, ids, sizes.new_tokens,
-                                                       fast_model=eager),
-                        "compiled": lambda: generate_fast(model, ids, sizes.new_tokens,
-                                                          fast_model=compiled)}, sizes.repeats)
+    times, _ = best_of({"eager": lambda: generate(model, ids, sizes.new_tokens, fast=eager),
+                        "compiled": lambda: generate(model, ids, sizes.new_tokens,
+                                                     fast=compiled)}, sizes.repeats)
     out.write(f"\ntorch.compile of the fast path's block, 4M model, batch 1: first call "
               f"{warm_up:.1f} s (compilation); then {sizes.new_tokens / times['eager']:.0f} "
               f"tokens/s eager, {sizes.new_tokens / times['compiled']:.0f} compiled\n")
@@ -400,6 +425,7 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
                       f"random weights, sdpa attention\n")
         generation(out, label, model, peer, sizes, checked)
         decode_vs_bandwidth(out, label, model, bandwidth, sizes, checked)
+        output_layout(out, label, model, sizes)
         if sizes.compile_check and label == "4M":
             with_and_without_compile(out, model, sizes)
         del model, peer

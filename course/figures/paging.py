@@ -29,7 +29,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from llmcore.paged import PagedKVCache, block_fill, block_owners
+from llmcore.block_allocator import block_fill, block_owners
+from llmcore.paged import PagedKVCache
 
 SHARED_COLOR = "#9a9a9a"
 """Filled slots of a block that several sequences list (a shared prefix block)."""

@@ -84,14 +84,17 @@ def load_tokenizer(name: str | os.PathLike = DEFAULT_MODEL) -> ByteTokenizer:
     return ByteTokenizer()
 
 
-def load_pretrained(name: str | os.PathLike = DEFAULT_MODEL, *, device=None,
-                    dtype: torch.dtype | None = None, verify: bool = True) -> GPT:
-    """Load a shipped model (or a model folder given as a path) as an :class:`llmcore.GPT`.
+def load_pretrained(name: str | os.PathLike = DEFAULT_MODEL, *,
+                    device=None, dtype: torch.dtype | None = None,
+                    verify: bool = True) -> GPT:
+    """Load a shipped model (or a model folder given as a path) as an
+    :class:`llmcore.GPT`.
 
-    device: where the weights go (default: CPU). dtype: default float32, whatever the file
-    stores. verify: compare the weights file with the SHA-256 that metrics.json recorded, so a
-    corrupted or replaced file raises instead of giving a silently different model.
-    Returns the model in eval mode: ``model(tokens)`` maps (b, n) byte ids to (b, n, 256)
+    device: where the weights go (default: CPU). dtype: default float32,
+    whatever the file stores. verify: compare the weights file with the
+    SHA-256 that metrics.json recorded, so a corrupted or replaced file
+    raises instead of giving a silently different model. Returns the model
+    in eval mode: ``model(tokens)`` maps (b, n) byte ids to (b, n, 256)
     logits. Chapter 5.
 
     >>> model = load_pretrained()
@@ -102,8 +105,11 @@ def load_pretrained(name: str | os.PathLike = DEFAULT_MODEL, *, device=None,
         if want is not None:
             got = sha256_file(folder / WEIGHTS_FILE)
             if got != want:
-                raise ValueError(f"{folder / WEIGHTS_FILE}: SHA-256 {got[:16]}... differs from "
-                                 f"{want[:16]}... recorded in {METRICS_FILE}; the file is "
-                                 "corrupted or was replaced (reinstall llmcore, or pass "
-                                 "verify=False to load it anyway)")
-    return load_gpt2(folder, device=device, dtype=torch.float32 if dtype is None else dtype)
+                raise ValueError(
+                    f"{folder / WEIGHTS_FILE}: SHA-256 {got[:16]}... "
+                    f"differs from {want[:16]}... recorded in "
+                    f"{METRICS_FILE}; the file is corrupted or was "
+                    "replaced (reinstall llmcore, or pass verify=False "
+                    "to load it anyway)")
+    dtype = torch.float32 if dtype is None else dtype
+    return load_gpt2(folder, device=device, dtype=dtype)

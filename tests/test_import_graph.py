@@ -1,0 +1,151 @@
+"""llmcore's import graph, read from the source with ``ast`` (every import, at module level or
+inside a function): no cycle, no module importing from a layer above its own, no module
+importing the package itself, and no private name (``_x``) imported from another module.
+
+The layers, bottom to top, are the architecture in one table: a new module takes its place here,
+and may import only from its own layer (without a cycle) or from the layers below."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "llmcore"
+
+LAYERS = {
+    "foundations": ["device", "shapes", "masks", "storage", "timing", "peak_memory", "published",
+                    "scalar", "reference", "testing", "tokenizer", "corpus"],
+    "operations": ["softmax", "matmul", "norm", "rope", "attention", "multihead", "ffn",
+                   "tiled", "backward", "parallel", "sampling"],
+    "caches": ["layout", "cache", "kvcache", "prefix", "block_allocator", "paged_batch",
+               "paged"],
+    "models": ["decoder", "model", "llama", "parameters", "checkpoint", "attention_probe",
+               "pretrained"],
+    "generation": ["decode", "fastpath", "generate", "batching", "serving", "train"],
+}
+"""Bottom to top: shapes and tools; the operations, each in its rungs; where keys and values are
+kept; the models that compose them; generation, which runs a model step by step."""
+
+LAYER_OF = {f"llmcore.{name}": i for i, names in enumerate(LAYERS.values()) for name in names}
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, name: str, is_package: bool = False) -> list[tuple[str, str, int]]:
+    """(module, imported name or "", line) for every import of an llmcore module in ``source``,
+    the source of module ``name``; relative imports resolved."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                if submodule in LAYER_OF or Path(PACKAGE.parent, *submodule.split(".")).is_dir():
+                    found.append((submodule, "", node.lineno))      # from . import x
+                else:
+                    found.append((module, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "", node.lineno) for alias in node.names]
+    return [(m, n, line) for m, n, line in found if m == "llmcore" or m.startswith("llmcore.")]
+
+
+def graph(root: Path = PACKAGE) -> dict[str, list[tuple[str, str, int]]]:
+    """Each module of the package -> its imports of llmcore modules."""
+    return {module_name(path, root): imports_of(path.read_text(encoding="utf-8"),
+                                                module_name(path, root),
+                                                path.name == "__init__.py")
+            for path in sorted(root.rglob("*.py"))}
+
+
+def home(module: str) -> str:
+    """The module an import lands in, as LAYERS names it (a subpackage's modules: itself)."""
+    while module not in LAYER_OF and module.count(".") > 1:
+        module = module.rpartition(".")[0]
+    return module
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph, as a path that returns to its start, or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+GRAPH = graph()
+MODULES = sorted(m for m in GRAPH if m != "llmcore")
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in MODULES if home(m) not in LAYER_OF]
+    assert not unplaced, f"modules missing from LAYERS (give each its layer): {unplaced}"
+    stale = sorted(set(LAYER_OF) - {home(m) for m in MODULES})
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+
+
+def test_no_import_cycle():
+    edges = {m: {home(target) for target, _, _ in GRAPH[m]} - {home(m)} for m in MODULES}
+    cycle = find_cycle(edges)
+    assert cycle is None, f"an import cycle in llmcore: {' -> '.join(cycle)}"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_imports_point_down_or_across(module):
+    upward = [f"{target} (line {line})" for target, _, line in GRAPH[module]
+              if target == "llmcore" or LAYER_OF[home(target)] > LAYER_OF[home(module)]]
+    assert not upward, (f"{module} ({list(LAYERS)[LAYER_OF[home(module)]]}) imports from a "
+                        f"layer above it or the package itself: {upward}")
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_private_name_is_imported_from_another_module(module):
+    private = [f"{target}.{name} (line {line})" for target, name, line in GRAPH[module]
+               if (name.startswith("_") or any(part.startswith("_") and part != "__init__"
+                                               for part in target.split(".")))
+               and home(target) != home(module)]
+    assert not private, f"{module} imports private names of other modules: {private}"
+
+
+# -- the checks can fail ------------------------------------------------------------------------
+def test_a_cycle_is_found_and_a_chain_is_not():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_function_level_relative_and_private_imports_are_all_seen():
+    source = ("from .shapes import check_shape\n"
+              "def f():\n"
+              "    from .generate import _hidden\n"
+              "    import llmcore.model\n")
+    assert imports_of(source, "llmcore.sampling") == [
+        ("llmcore.shapes", "check_shape", 1), ("llmcore.generate", "_hidden", 3),
+        ("llmcore.model", "", 4)]
+    assert imports_of("from ..model import GPT\n", "llmcore.pretrained.x") == [
+        ("llmcore.model", "GPT", 1)]
+    assert imports_of("from .model import GPT\n", "llmcore.pretrained", is_package=True) == [
+        ("llmcore.pretrained.model", "GPT", 1)]
