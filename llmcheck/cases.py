@@ -22,7 +22,7 @@ import torch
 
 from . import fresh
 from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large
-from .recorder import NotAllowedError, OpRecorder, Policy, blocked
+from .recorder import NotAllowedError, OpRecorder, Policy, blocked, storages_of
 
 
 
@@ -49,6 +49,14 @@ def encode(value) -> dict:
     if isinstance(value, str):
         return {"value": value}
     return {"other": type(value).__name__}
+
+
+def raised(error: BaseException) -> dict:
+    """An exception as a record states it: its type, every class it is an instance of (a
+    learner's own subclass of ValueError is a ValueError), and its message."""
+    return {"type": type(error).__name__,
+            "types": [cls.__name__ for cls in type(error).__mro__ if cls is not object],
+            "message": str(error)[:500]}
 
 
 def _digest_into(h, value) -> None:
@@ -192,7 +200,7 @@ class Test:
         self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
 
     def _run(self, fn: Callable, args, kwargs, inputs=()):
-        recorder = OpRecorder(self.policy)
+        recorder = OpRecorder(self.policy, exempt=storages_of(args, kwargs, inputs))
         error = None
         result = None
         with recorder:
@@ -263,7 +271,7 @@ class Test:
         input_digest = digest(args, kwargs, inputs)
         recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
         if error is not None:
-            output = {"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
+            output = {"raised": raised(error)}
         else:
             output = encode(result)
         views = _views_of(result, args[options["view_of"]]) if "view_of" in options else []
@@ -277,7 +285,7 @@ class Test:
         explain: what the message should say, for the learner (default: the pattern)."""
         input_digest = digest(args, kwargs, inputs)
         recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
-        output = ({"raised": {"type": type(error).__name__, "message": str(error)[:500]}}
+        output = ({"raised": raised(error)}
                   if error is not None else {"returned": encode(result)})
         options = {"expect": expected.__name__, "match": match}
         self._publish(case, recorder, output, input_digest, canaries, options, [])

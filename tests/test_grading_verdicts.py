@@ -18,7 +18,8 @@ import torch
 from course import grading
 from course.grading.review import review_evidence
 from course.grading.verdicts import Verdict, judge
-from llmcheck.recorder import PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid
+from llmcheck.recorder import (PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid,
+                               storages_of)
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" / "test_grading.py")
@@ -69,21 +70,22 @@ def test_numpy_is_back_after_the_block():
 def test_a_forbidden_module_is_refused_even_where_it_reaches_no_torch_op():
     import sys
 
-    import llmcore.paged
+    import llmcore.block_allocator
     from llmcheck.cases import Test
 
-    class Mine(llmcore.paged.BlockAllocator):      # a subclass: the library's code still runs
+    class Mine(llmcore.block_allocator.BlockAllocator):   # a subclass: the library's code runs
         pass
 
     outer = sys.getprofile()
-    with forbid(llmcore.paged) as recorder:
+    with forbid(llmcore.block_allocator) as recorder:
         Mine(3).allocate()                          # pure Python bookkeeping, no aten op
     assert any("BlockAllocator.allocate" in v for v in recorder.violations)
     assert sys.getprofile() is outer                # the hook is gone after the block
-    with forbid(llmcore.paged) as recorder:
+    with forbid(llmcore.block_allocator) as recorder:
         [1, 2, 3].pop()                             # anything else is fine
     assert not recorder.violations
-    assert Policy.of((llmcore.paged,)).describe()["callables"] == ["llmcore.paged"]
+    assert Policy.of((llmcore.block_allocator,)).describe()["callables"] == \
+        ["llmcore.block_allocator"]
     with pytest.raises(ValueError, match="not a Python function, class or module"):
         Policy.of((3,))
 
@@ -91,14 +93,15 @@ def test_a_forbidden_module_is_refused_even_where_it_reaches_no_torch_op():
         sys.setprofile(None)
         return 1
 
-    recorder, _, _, canaries = Test("t", forbid=(llmcore.paged,))._run(switches_it_off, (), {})
+    recorder, _, _, canaries = Test("t", forbid=(llmcore.block_allocator,))._run(
+        switches_it_off, (), {})
     assert canaries["forbid"] is False
     sys.setprofile(outer)
 
 
-def test_the_recorder_keeps_the_largest_allocation_not_views():
+def test_the_recorder_keeps_the_largest_storage_not_the_inputs_or_views():
     x = torch.randn(4, 6)
-    with OpRecorder() as recorder:
+    with OpRecorder(exempt=storages_of(x)) as recorder:     # x is the call's input
         x.t().expand(3, 6, 4)                   # views allocate nothing: (3, 6, 4) is not counted
         y = x[:, :2] * 2                        # (4, 2)
         y.mul_(3)                               # in place: nothing allocated
