@@ -1,6 +1,8 @@
 """The grader against a hostile class: sandboxed kernels, limits, nothing lost, every outcome
 explained. Attacks are real submissions (tests/grading/attacks.py), graded in ONE run with honest
-students before and after them; a second test SIGKILLs the grader mid-run and runs it again.
+students before and after them; those that go for the machine's memory and disk
+(tests/grading/resource_attacks.py) in a second run of their own; another test SIGKILLs the grader
+mid-run and runs it again.
 
 The fast tests at the top check the sandbox's pieces without nbgrader.
 """
@@ -32,14 +34,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import test_grading as tg  # noqa: E402  (the class builders of the earlier grading tests)
 
-_spec = importlib.util.spec_from_file_location("grading_attacks",
-                                               ROOT / "tests" / "grading" / "attacks.py")
-attacks = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = attacks
-_spec.loader.exec_module(attacks)
+
+
+def _load(name: str, path: Path):
+    """Execute a test-data module under ``name`` (resource_attacks imports grading_attacks)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+attacks = _load("grading_attacks", ROOT / "tests" / "grading" / "attacks.py")
+resource_attacks = _load("grading_resource_attacks",
+                         ROOT / "tests" / "grading" / "resource_attacks.py")
 
 CELL_TIMEOUT = 10
 NOTEBOOK_TIMEOUT = 40
+GREEDY_CELL_TIMEOUT = 60     # a greedy cell must meet its memory or disk limit, not the clock
 
 needs_sandbox = pytest.mark.skipif(sandbox.sandbox_problem() is not None,
                                    reason=f"no sandbox here: {sandbox.sandbox_problem()}")
@@ -50,9 +62,7 @@ needs_sandbox = pytest.mark.skipif(sandbox.sandbox_problem() is not None,
 # ------------------------------------------------------------------------------------------------
 
 def test_bwrap_command_binds_no_course_folder(tmp_path):
-    notebook = tmp_path / "matmul.ipynb"
-    notebook.write_text("{}")
-    args = sandbox.bwrap_command(tmp_path, [notebook])
+    args = sandbox.bwrap_command(tmp_path)
     binds = [args[i + 1] for i, a in enumerate(args) if a in ("--bind", "--ro-bind",
                                                               "--ro-bind-try")]
     for forbidden in ("solutions", "exercises", "submitted", "gradebook.db", "nbgrader_config"):
@@ -63,14 +73,134 @@ def test_bwrap_command_binds_no_course_folder(tmp_path):
                                                             "is writable"
 
 
+def test_the_working_folder_gets_no_notebook(tmp_path):
+    """The notebook being graded has its hidden tests restored: the kernel must not find it in
+    its folder (nor any other notebook of the folder nbgrader started it in)."""
+    (tmp_path / "matmul.ipynb").write_text("{}")
+    args = sandbox.bwrap_command(tmp_path)
+    targets = [args[i + 2] for i, a in enumerate(args) if a in ("--bind", "--ro-bind",
+                                                                "--ro-bind-try")]
+    assert not [t for t in targets if t.endswith(".ipynb") or t.startswith(sandbox.SANDBOX_WORK)]
+    assert ["--dir", sandbox.SANDBOX_WORK] == args[args.index(sandbox.SANDBOX_WORK) - 1:
+                                                   args.index(sandbox.SANDBOX_WORK) + 1]
+
+
+MOUNTS = ("--bind", "--ro-bind", "--ro-bind-try", "--tmpfs", "--dir", "--dev", "--proc",
+          "--symlink")
+
+
+def test_every_writable_mount_is_sized_and_the_rest_is_read_only(tmp_path):
+    args = sandbox.bwrap_command(tmp_path)
+    tmpfs = {args[i + 1]: args[i - 2:i] for i, a in enumerate(args) if a == "--tmpfs"}
+    assert set(tmpfs) == {"/tmp", sandbox.SANDBOX_HOME, "/dev/shm"}, tmpfs
+    if sandbox._bwrap_has_size():
+        sizes = {path: int(size[1]) // sandbox.MiB for path, size in tmpfs.items()}
+        assert sizes == {"/tmp": sandbox.TMPFS_MB, sandbox.SANDBOX_HOME: sandbox.TMPFS_MB,
+                         "/dev/shm": sandbox.SHM_MB}, tmpfs
+    assert args.index("/dev/shm") > args.index("--dev"), "/dev/shm must be mounted over --dev"
+    assert args.count("--bind") == 1, "the connection folder is the one writable host path"
+    last_mount = max(i for i, a in enumerate(args) if a in MOUNTS)
+    remounts = [args[i + 1] for i, a in enumerate(args) if a == "--remount-ro"]
+    assert remounts == ["/dev", "/"] and args.index("--remount-ro") > last_mount, args
+
+
 def test_the_python_environment_is_bound_over_the_private_tmp(tmp_path, monkeypatch):
     """A checkout (and its .venv) under /tmp, as a fresh clone in CI may be: the environment must
     be mounted after the private /tmp, or the sandbox hides the kernel's own interpreter."""
     monkeypatch.setattr(sandbox, "_python_dirs", lambda: ["/tmp/somewhere/.venv"])
-    args = sandbox.bwrap_command(tmp_path, [])
+    args = sandbox.bwrap_command(tmp_path)
     tmpfs = args.index("/tmp", args.index("--tmpfs"))
     bound = [i for i, a in enumerate(args) if a == "/tmp/somewhere/.venv"]
     assert bound and min(bound) > tmpfs, args
+
+
+LIMITS = "import resource as r; print(*(r.getrlimit(x)[1] for x in (r.RLIMIT_AS, r.RLIMIT_FSIZE)))"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is set on Linux")
+def test_the_launcher_limits_address_space_and_file_size():
+    import resource
+    done = subprocess.run([*sandbox.limit_command(2048), sys.executable, "-c", LIMITS],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    address_space, file_size = map(int, done.stdout.split())
+    assert address_space == sandbox.address_space_mb(2048) * sandbox.MiB
+    assert sandbox.address_space_mb(2048) == 2048 + sandbox.KERNEL_VIRTUAL_MB + \
+        sandbox.THREAD_VIRTUAL_MB * (os.cpu_count() or 1)
+    assert file_size == sandbox.MAX_FILE_MB * sandbox.MiB
+    unlimited = subprocess.run([*sandbox.limit_command(0), sys.executable, "-c", LIMITS],
+                               capture_output=True, text=True, timeout=60)
+    assert unlimited.stdout.split() == [str(resource.RLIM_INFINITY), str(file_size)]
+
+
+def _can_make_a_cgroup() -> bool:
+    group = sandbox.MemoryCgroup.create(64)
+    if group is not None:
+        group.remove()
+    return group is not None
+
+
+needs_cgroup = pytest.mark.skipif(not _can_make_a_cgroup(), reason="this process may not make a "
+                                  "memory cgroup (the watchdog caps memory here)")
+
+
+@needs_cgroup
+def test_a_memory_cgroup_stops_its_processes_at_its_limit():
+    """Whatever way a process asks: a memfd file written without any map counts as well."""
+    for code in ("x = b'x' * 2**28", "import os; fd = os.memfd_create('m')\n"
+                                     "for _ in range(8): os.write(fd, b'x' * 2**25)"):
+        group = sandbox.MemoryCgroup.create(64)
+        try:
+            done = subprocess.run([*sandbox.limit_command(0, cgroup=group), sys.executable, "-c",
+                                   code], capture_output=True, timeout=60)
+            assert done.returncode == -signal.SIGKILL and group.oom_kills() == 1, done
+        finally:
+            group.remove()
+        assert not group.path.exists()
+
+
+def test_the_watchdog_measures(tmp_path):
+    """What the watchdog reads: the folder (each entry at least ENTRY_BYTES, the count stopping
+    past its limit), deleted files still held, memfd files, resident memory, a process tree."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "empty").touch()
+    (tmp_path / "data").write_bytes(b"x" * sandbox.MiB)
+    assert sandbox.folder_bytes(tmp_path, 10 * sandbox.MiB) == sandbox.MiB + 2 * \
+        sandbox.ENTRY_BYTES
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(100):
+        (many / f"f{i}").touch()
+    assert sandbox.folder_bytes(many, 8 * sandbox.ENTRY_BYTES) == 9 * sandbox.ENTRY_BYTES, \
+        "the count stops past its limit"
+    hidden = open(tmp_path / "hidden", "wb")
+    memfd = os.memfd_create("measured")
+    try:
+        os.unlink(hidden.name)
+        os.write(memfd, b"m" * sandbox.MiB)
+        deleted, memfds = sandbox.held_files([os.getpid()])
+        assert str(tmp_path / "hidden") in deleted
+        assert sandbox.MiB in memfds.values()
+    finally:
+        hidden.close()
+        os.close(memfd)
+    assert sandbox.resident_bytes([os.getpid()]) > sandbox.MiB
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert {os.getpid(), child.pid} <= set(sandbox.sandbox_pids(os.getpid()))
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_stop_reason_is_the_first_limit_a_kernel_hit():
+    events = [{"kind": "unsandboxed", "reason": "test"}]
+    assert sandbox.stop_reason(events) is None
+    events += [sandbox.stopped_event("disk", limit_mb=16),
+               sandbox.stopped_event("memory", limit_mb=2048, how="cgroup")]
+    assert sandbox.stop_reason(events).startswith("disk: the kernel wrote more than 16 MiB")
+    assert sandbox.stopped_event("timeout", seconds=8)["message"] == \
+        "timeout: the notebook ran past 8 s and its sandbox was killed"
 
 
 def test_grading_refuses_without_a_sandbox(monkeypatch, tmp_path):
@@ -108,9 +238,10 @@ def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_s
         in done.stderr, done.stderr
 
 
-async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int):
+async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int, **limits):
     """A started SandboxedKernelManager and its ready client."""
-    km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=notebook_timeout)
+    km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=notebook_timeout,
+                                        **limits)
     await km.start_kernel(cwd=str(cwd))
     kc = km.client()
     kc.start_channels()
@@ -118,33 +249,53 @@ async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int):
     return km, kc
 
 
+async def _run_in_kernel(km, kc, code: str, timeout: float = 60) -> str:
+    """What code printed in the kernel (its error's name and value too), then the kernel shut
+    down as nbclient does it (a kernel that died meanwhile only gets cleanup_resources)."""
+    seen = []
+
+    def hook(msg) -> None:
+        if msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            seen.append(f"{msg['content']['ename']}: {msg['content']['evalue']}\n")
+
+    run = asyncio.ensure_future(kc.execute_interactive(code, timeout=timeout, output_hook=hook))
+    while not run.done() and await km.is_alive():
+        await asyncio.wait([run], timeout=0.5)
+    run.cancel()
+    kc.stop_channels()
+    if await km.is_alive():
+        await km.shutdown_kernel(now=True)
+    await km.cleanup_resources()
+    return "".join(seen)
+
+
 @needs_sandbox
 @pytest.mark.slow
-def test_a_sandboxed_kernel_sees_only_its_notebook_and_leaves_nothing(tmp_path):
+def test_a_sandboxed_kernel_sees_no_notebook_and_leaves_nothing(tmp_path):
+    """The working folder is empty: the notebook nbgrader runs (hidden tests restored) is not in
+    it, through /proc/self/cwd either."""
     folder = tmp_path / "work"
     folder.mkdir()
-    (folder / "mine.ipynb").write_text("{}")
+    (folder / "mine.ipynb").write_text("BEGIN HIDDEN TESTS")
     (folder / "secret.txt").write_text("not for the kernel")
     token = uuid.uuid4().hex
 
     async def run() -> str:
         km, kc = await _sandboxed_kernel(folder, notebook_timeout=60)
-        seen = []
-        code = ("import os, subprocess, sys\n"
+        code = ("import glob, os, subprocess, sys\n"
                 "root = %r\n"
                 "print(sorted(os.listdir('.')), os.getuid(),"
-                " sorted(os.listdir(root)) if os.path.isdir(root) else [])\n"
+                " sorted(os.listdir(root)) if os.path.isdir(root) else [],"
+                " glob.glob('/proc/*/cwd/*'))\n"
                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', %r],"
                 " start_new_session=True)\n" % (str(ROOT), token))
-        await kc.execute_interactive(code, timeout=30, output_hook=lambda m: seen.append(
-            m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
-        kc.stop_channels()
-        await km.shutdown_kernel()
-        return "".join(seen)
+        return await _run_in_kernel(km, kc, code, timeout=30)
 
     seen = asyncio.run(run())
     # The course root shows at most the mount point of a virtual environment kept inside it.
-    assert seen.strip() in ("['mine.ipynb'] 1000 []", "['mine.ipynb'] 1000 ['.venv']"), seen
+    assert seen.strip() in ("[] 1000 [] []", "[] 1000 ['.venv'] []"), seen
     time.sleep(0.5)
     assert not _processes_with(token), "a process started in the sandbox outlived its kernel"
 
@@ -172,9 +323,105 @@ def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path):
 
     before = len(sandbox.EVENTS)
     assert asyncio.run(run()), "the kernel must survive the interrupt and die at the wall clock"
-    assert {"kind": "timeout", "seconds": 8} in sandbox.EVENTS[before:]
+    assert sandbox.stopped_event("timeout", seconds=8) in sandbox.EVENTS[before:]
     time.sleep(0.5)
     assert not _processes_with(token)
+
+
+MEMFD_HOARD = """
+import os
+fds = []
+while True:
+    fds.append(os.memfd_create("hoard"))
+    os.write(fds[-1], b"m" * 2**25)
+"""
+
+
+@needs_sandbox
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cgroup", "watchdog"])
+def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypatch, how):
+    """memfd files written without a map count in no rlimit: the cgroup (where this process
+    may make one) or else the watchdog stops the sandbox, and says why."""
+    if how == "cgroup" and not _can_make_a_cgroup():
+        pytest.skip("this process may not make a memory cgroup")
+    if how == "watchdog":
+        monkeypatch.setattr(sandbox.MemoryCgroup, "create", classmethod(lambda cls, mb: None))
+    shared = _meminfo("Shmem")
+
+    async def run() -> str:
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60, memory_limit_mb=1024)
+        group = km._cgroup
+        printed = await _run_in_kernel(km, kc, MEMFD_HOARD, timeout=30)
+        assert group is None or not group.path.exists(), "the kernel's cgroup outlived it"
+        return printed
+
+    before = len(sandbox.EVENTS)
+    asyncio.run(run())
+    assert sandbox.EVENTS[before:] == [sandbox.stopped_event("memory", limit_mb=1024, how=how)]
+    deadline = time.monotonic() + 10            # a killed process's memory is freed soon after
+    while _meminfo("Shmem") > shared + 256 * sandbox.MiB and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _meminfo("Shmem") < shared + 256 * sandbox.MiB, "the memfd files outlived the kernel"
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(tmp_path):
+    flood = ("import os, sys\n"
+             "folder = os.path.dirname(next(a for a in sys.argv if a.endswith('kernel.json')))\n"
+             "for i in range(1000):\n"
+             "    open(os.path.join(folder, f'f{i}'), 'wb').write(b'd' * 2**20)\n")
+
+    async def run() -> Path:
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60)
+        folder = km._kernel_dir
+        await _run_in_kernel(km, kc, flood, timeout=30)
+        return folder
+
+    before = len(sandbox.EVENTS)
+    folder = asyncio.run(run())
+    assert sandbox.EVENTS[before:] == [sandbox.stopped_event("disk",
+                                                             limit_mb=sandbox.KERNEL_DIR_MB)]
+    assert not folder.exists()
+
+
+SOLUTIONS_PEAK = """
+import resource
+peak = next(int(line.split()[1]) for line in open("/proc/self/status")
+            if line.startswith("VmPeak:")) * 1024
+print("ADDRESS SPACE", peak, resource.getrlimit(resource.RLIMIT_AS)[1])
+"""
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_the_solutions_leave_a_notebook_its_memory_limit_of_address_space(tmp_path):
+    """RLIMIT_AS is the memory limit plus a measured margin (what a kernel reserves without
+    using it): after every solution notebook has run in one kernel, what is left of the address
+    space must still be at least the memory limit."""
+    code = "import torch, llmcore, llmcheck\n"
+    for notebook in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        nb = nbformat.read(notebook, as_version=4)
+        code += "\n".join(c.source for c in nb.cells if c.cell_type == "code") + "\n"
+
+    async def run() -> str:
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=300)
+        return await _run_in_kernel(km, kc, code + SOLUTIONS_PEAK, timeout=240)
+
+    printed = asyncio.run(run())
+    found = re.search(r"ADDRESS SPACE (\d+) (\d+)", printed)
+    assert found, printed[-3000:]
+    peak, limit = map(int, found.groups())
+    assert limit == sandbox.address_space_mb(2048) * sandbox.MiB
+    assert limit - peak >= 2048 * sandbox.MiB, (peak / sandbox.MiB, limit / sandbox.MiB)
+
+
+def _meminfo(name: str) -> int:
+    """A /proc/meminfo line, in bytes (Shmem: tmpfs and memfd files, shared maps)."""
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) * 1024 for line in meminfo
+                    if line.startswith(f"{name}:"))
 
 
 def _processes_with(token: str) -> list[int]:
@@ -343,6 +590,91 @@ def test_the_grade_run_reports_its_throughput(hostile):
     assert run.notebooks == len(attacks.ATTACKS) + 4 and run.workers == (os.cpu_count() or 1)
     summary = run.summary()
     assert "notebooks/min" in summary and "s per notebook" in summary
+
+
+# ------------------------------------------------------------------------------------------------
+# A greedy class: submissions that go for the machine's memory and disk, graded in one run
+# ------------------------------------------------------------------------------------------------
+
+def _disk_free(path: str = "/tmp") -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _stale_cgroups() -> list[Path]:
+    """Kernel cgroups left under this process's memory cgroups by grader processes now gone."""
+    return [path for _, parent in sandbox._own_memory_cgroups()
+            for path in parent.glob(f"{sandbox.CGROUP_PREFIX}*")
+            if not Path(f"/proc/{path.name[len(sandbox.CGROUP_PREFIX):].split('-')[0]}").exists()]
+
+
+@pytest.fixture(scope="module")
+def greedy(tmp_path_factory):
+    if sandbox.sandbox_problem() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.sandbox_problem()}")
+    course = _new_course(tmp_path_factory, "greedy")
+    token = uuid.uuid4().hex
+    honest = tg._submission("01_matmul", answered=True)
+    tg._submit(course, "aa_honest", "01_matmul", honest)
+    for attack in resource_attacks.RESOURCE_ATTACKS:
+        tg._submit(course, attack.student, attack.assignment,
+                   _attack_notebook(attack, course, token))
+    tg._submit(course, "zz_honest", "01_matmul", honest)
+    before = {"shmem": _meminfo("Shmem"), "disk": _disk_free()}
+    run = grading.grade(course, timeout=GREEDY_CELL_TIMEOUT, notebook_timeout=2 * NOTEBOOK_TIMEOUT,
+                        log=lambda message: print(message, flush=True))
+    print(run.summary())
+    time.sleep(1)
+    after = {"shmem": _meminfo("Shmem"), "disk": _disk_free()}
+    with open(course / "course_grades.csv", newline="") as f:
+        table = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(f)}
+    return course, table, before, after
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", resource_attacks.RESOURCE_ATTACKS,
+                         ids=[a.student for a in resource_attacks.RESOURCE_ATTACKS])
+def test_a_greedy_submission_ends_with_its_own_reason(greedy, attack):
+    _, table, _, _ = greedy
+    row = table[(attack.student, attack.assignment)]
+    assert row["status"].startswith("failed:") == attack.fails, row
+    if attack.reason:
+        assert attack.reason in row["status"] + row["reasons"], row
+    assert float(row["score"]) == attack.max_score, row     # honest marks, or 0 when stopped
+
+
+@pytest.mark.slow
+def test_honest_students_beside_greedy_ones_keep_full_marks(greedy):
+    course, table, _, _ = greedy
+    for student in ("aa_honest", "zz_honest"):
+        row = table[(student, "01_matmul")]
+        assert (row["status"], float(row["score"]), row["reasons"]) == ("graded", 12, ""), row
+    cells = tg._cell_scores(course / "gradebook.db", "zz_honest", "01_matmul")
+    assert all(score == top for score, top in cells.values()), cells
+
+
+@pytest.mark.slow
+def test_greedy_probes_were_blocked(greedy):
+    course, _, _, _ = greedy
+    outputs = "".join(_printed(course / "autograded" / a.student / a.assignment / "matmul.ipynb")
+                      for a in resource_attacks.RESOURCE_ATTACKS if not a.fails)
+    assert "SUCCEEDED" not in outputs, [line for line in outputs.splitlines()
+                                        if "SUCCEEDED" in line]
+    for probe in resource_attacks.PROBES:
+        assert f"ATTACK {probe} BLOCKED" in outputs, probe
+
+
+@pytest.mark.slow
+def test_the_machine_has_its_memory_and_disk_back_after_a_greedy_class(greedy):
+    """Every kernel's memory (tmpfs and memfd files: Shmem), its connection folder and its
+    cgroup are gone once the run is over."""
+    _, _, before, after = greedy
+    assert after["shmem"] < before["shmem"] + 256 * sandbox.MiB, (before, after)
+    assert after["disk"] > before["disk"] - 256 * sandbox.MiB, (before, after)
+    leftovers = [path for path in Path("/tmp").glob("k*/*")
+                 if path.name.startswith(("fill", "big", "hidden"))]
+    assert not leftovers, leftovers
+    assert not _stale_cgroups()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -239,10 +239,9 @@ def grade_one(job: dict) -> Outcome:
     records = _run_converter(app)
     notebooks = sorted(autograded.glob("*.ipynb"))
     if not notebooks:
-        timeouts = [e for e in sandbox.EVENTS if e["kind"] == "timeout"]
-        if timeouts:
-            outcome.failure = (f"timeout: the notebook ran past {timeouts[0]['seconds']} s and "
-                               "its sandbox was killed")
+        stopped = sandbox.stop_reason()     # a limit the sandbox hit: time, memory, disk
+        if stopped:
+            outcome.failure = stopped
         else:
             unreadable = [r for r in outcome.reasons if ": unreadable," in r]
             outcome.failure = unreadable[0] if unreadable else _stopped_reason(records)
