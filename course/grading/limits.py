@@ -54,7 +54,7 @@ def bounded_execute() -> type:
                      "secret when nbgrader autogrades, none otherwise (the learner's check)."
         ).tag(config=True)
         preload = List(
-            Unicode(), ["torch", "llmcore", "llmcheck.integrity"],
+            Unicode(), ["torch", "llmcore"],
             help="Modules imported when the kernel starts (before any cell, outside the cell "
                  "timeout), so that a slow first import is never mistaken for a hung "
                  "cell.").tag(config=True)
@@ -63,6 +63,9 @@ def bounded_execute() -> type:
             code = ""
             for name in self.preload:
                 code += f"import {name} as _preloaded\ndel _preloaded\n"
+            # always, after the preloads and before any cell: the harness's state at start,
+            # which the grader compares with after every test cell (llmcheck/integrity.py)
+            code += "import llmcheck.integrity as _preloaded\ndel _preloaded\n"
             return code
 
         async def async_start_new_kernel(self, **kwargs):
