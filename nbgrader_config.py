@@ -27,10 +27,12 @@ c.OverwriteCells.add_missing_cells = True
 c.Execute.timeout = 60
 c.Execute.startup_timeout = 120
 # Every kernel runs in the course's sandbox (course/grading/sandbox.py: bubblewrap, read-only
-# Python and llmcore, a private working directory, no network, own pid namespace and user): the
-# bounded Execute below starts its kernels with SandboxedKernelManager, here and in plain
-# `nbgrader autograde`. Past the memory limit an allocation raises MemoryError; past the notebook
-# timeout the whole sandbox is killed (loops that ignore SIGINT included). Where bwrap cannot
+# Python, llmcore and llmcheck, an empty working directory, sized tmpfs, no network, own pid
+# namespace and user): the bounded Execute below starts its kernels with SandboxedKernelManager,
+# here and in plain `nbgrader autograde`. Past the memory limit (everything the kernel's processes
+# hold: allocations, memfd and tmpfs files) the sandbox is killed, and a plain allocation raises
+# MemoryError first; past the notebook timeout the whole sandbox is killed (loops that ignore
+# SIGINT included). Where bwrap cannot
 # start, grading refuses; unsandboxed_trusted = True runs trusted notebooks without it.
 c.SandboxedKernelManager.memory_limit_mb = 2048
 c.SandboxedKernelManager.notebook_timeout = 600
