@@ -128,8 +128,14 @@ def cell_reason(cell, *, memory_limit_mb: int, cell_timeout: int | None) -> str:
     if names & {"CellTimeoutError", "KeyboardInterrupt"}:
         limit = f" of {cell_timeout} s" if cell_timeout else ""
         return f"timeout: the cell ran past the time limit{limit} and was interrupted"
-    if "MemoryError" in names:
+    values = " ".join(str(o.get("evalue", "")) for o in errors)
+    if "MemoryError" in names or "can't allocate memory" in values:
         return f"memory cap: the cell allocated past the {memory_limit_mb} MiB limit (MemoryError)"
+    for words, what in (("No space left on device", "a sandbox folder is full"),
+                        ("File too large", "a file reached the sandbox's size limit per file"),
+                        ("Read-only file system", "the sandbox's root is read-only")):
+        if words in values:
+            return f"disk: {what} ({words})"
     if errors:
         error = errors[-1]
         value = " ".join(str(error.get("evalue", "")).split())[:300]

@@ -30,14 +30,18 @@ Memory (``memory_limit_mb``, default 2048) is capped by what the sandbox holds, 
   kernel then counts every page the sandbox holds: anonymous memory (private or shared maps,
   any number of processes), memfd files (written or mapped), the files of its tmpfs (``/tmp``,
   ``HOME``, ``/dev/shm``) and the page cache it fills. The watchdog stops the sandbox once its
-  anonymous and shared memory (``memory.stat``: all of the above but the page cache) passes
-  ``memory_limit_mb``; the cgroup's hard limit, ``CGROUP_CACHE_MB`` above it (no swap), stops
-  what grows faster than the watchdog looks (the OOM killer ends a process, the watchdog sees it
-  and kills the rest). Without that headroom a sandbox at its limit thrashes (its code pages
+  shared memory (memfd and tmpfs files, shared maps: what no address-space limit bounds) passes
+  ``memory_limit_mb``, or its anonymous and shared memory together (``memory.stat``: all of the
+  above but the page cache; private memory of several processes adds up) passes the
+  address-space limit below; the cgroup's hard limit, ``CGROUP_CACHE_MB`` above that (no swap),
+  stops what grows faster than the watchdog looks (the OOM killer ends a process, the watchdog
+  sees it and kills the rest). A single process's private allocations meet their own
+  address-space limit first, as a MemoryError in the cell (the notebook goes on). Without that headroom a sandbox at its limit thrashes (its code pages
   evicted and read again) instead of failing: a memfd writer then outlived a 10 s cell timeout.
 - Without a cgroup (other machines, the learner's own), a watchdog thread sums the sandbox's
-  processes' anonymous and shared resident memory (``RssAnon`` + ``RssShmem``) and the memfd
-  files they hold open, every ``WATCH_INTERVAL_S``, and kills the sandbox past the limit; it can
+  processes' shared resident memory (``RssShmem``) with the memfd files they hold open, and the
+  same with their anonymous memory (``RssAnon``), every ``WATCH_INTERVAL_S``, and kills the
+  sandbox past the same two limits; it can
   overshoot by what a process allocates in that interval. The tmpfs files add at most their
   sizes (``2 * TMPFS_MB + SHM_MB``); System V shared memory filled and then detached is not
   seen (it lives in the sandbox's own IPC namespace and goes with it).
@@ -355,16 +359,18 @@ class MemoryCgroup:
         except OSError:
             return []
 
-    def held_bytes(self) -> int:
+    def held_bytes(self, shared_only: bool = False) -> int:
         """Anonymous and shared memory (memfd files, tmpfs files, shared maps) of every process
-        in the cgroup: with no swap, what reclaim cannot take back (page cache is not counted)."""
+        in the cgroup: with no swap, what reclaim cannot take back (page cache is not counted).
+        shared_only: the shared part alone (what no address-space limit bounds)."""
         try:
             lines = (self.path / "memory.stat").read_text().splitlines()
         except OSError:
             return 0
         stat = dict(line.split()[:2] for line in lines if len(line.split()) >= 2)
-        return sum(int(stat.get(name, 0)) for name in
-                   (("anon", "shmem") if self.version == 2 else ("rss", "shmem")))
+        names = ("shmem",) if shared_only else \
+            ("anon", "shmem") if self.version == 2 else ("rss", "shmem")
+        return sum(int(stat.get(name, 0)) for name in names)
 
     def oom_kills(self) -> int:
         """Processes of the cgroup the kernel's OOM killer has killed."""
@@ -519,14 +525,15 @@ def held_files(pids: list[int]) -> tuple[set[str], dict[tuple[int, int], int]]:
     return deleted, memfds
 
 
-def resident_bytes(pids: list[int]) -> int:
-    """The anonymous and shared memory the processes hold in RAM (RssAnon + RssShmem)."""
+def resident_bytes(pids: list[int], kinds: tuple[str, ...] = ("RssAnon:", "RssShmem:")) -> int:
+    """The anonymous and shared memory the processes hold in RAM (RssAnon + RssShmem; with
+    ``kinds=("RssShmem:",)`` the shared part only)."""
     total = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as status:
                 total += sum(int(line.split()[1]) * 1024 for line in status
-                             if line.startswith(("RssAnon:", "RssShmem:")))
+                             if line.startswith(kinds))
         except (OSError, IndexError, ValueError):
             continue
     return total
@@ -589,7 +596,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         os.chmod(self._kernel_dir, 0o700)
         self.connection_file = str(self._kernel_dir / "kernel.json")
         self.ip = str(self._kernel_dir / "kernel-ipc")
-        self._cgroup = MemoryCgroup.create(self.memory_limit_mb + CGROUP_CACHE_MB) \
+        self._cgroup = MemoryCgroup.create(address_space_mb(self.memory_limit_mb)
+                                           + CGROUP_CACHE_MB) \
             if self.memory_limit_mb > 0 else None
         if self._sandboxed:
             # A signal from outside reaches bwrap, not the kernel: interrupt over the control
@@ -659,11 +667,18 @@ class SandboxedKernelManager(AsyncKernelManager):
         deleted, memfds = held_files(pids)
         if self.memory_limit_mb > 0:
             cgroup, limit = self._cgroup, self.memory_limit_mb * MiB
-            past = (cgroup.oom_kills() > 0 or cgroup.held_bytes() > limit) if cgroup is not None \
-                else resident_bytes(pids) + sum(memfds.values()) > limit
-            if past:
-                return stopped_event("memory", limit_mb=self.memory_limit_mb,
-                                     how="cgroup" if cgroup is not None else "watchdog")
+            total_limit = address_space_mb(self.memory_limit_mb) * MiB
+            if cgroup is not None:
+                shared, total = cgroup.held_bytes(shared_only=True), cgroup.held_bytes()
+            else:
+                files = sum(memfds.values())
+                shared = resident_bytes(pids, ("RssShmem:",)) + files
+                total = resident_bytes(pids) + files
+            how = "cgroup" if cgroup is not None else "watchdog"
+            if cgroup is not None and cgroup.oom_kills() > 0 or shared > limit:
+                return stopped_event("memory", limit_mb=self.memory_limit_mb, how=how)
+            if total > total_limit:          # private memory of several processes together
+                return stopped_event("memory", limit_mb=total_limit // MiB, how=how)
         if self._sandboxed:
             limit = KERNEL_DIR_MB * MiB
             inside = str(self._kernel_dir) + os.sep

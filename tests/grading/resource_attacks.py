@@ -92,13 +92,14 @@ while True:
     maps[-1].write(chunk)
 ''', 0.0, reason=MEMORY, fails=True),
     Attack(
-        "forks_hoarders", "forks children that each fill 400 MiB and sleep: each under every "
-        "per-process limit, together past the sandbox's memory",
+        "forks_hoarders", "forks children that each fill 700 MiB and sleep: each under every "
+        "per-process limit, together past what the sandbox may hold (its address-space size: "
+        "private memory of several processes adds up)",
         '''
 import os, time
 for _ in range(8):
     if os.fork() == 0:
-        hoard = b"h" * (400 * 2**20)
+        hoard = b"h" * (700 * 2**20)
         time.sleep(60)
         os._exit(0)
     time.sleep(0.3)
@@ -182,18 +183,22 @@ def _read(pattern):
     if not found:
         raise FileNotFoundError(f"nothing matches {{pattern}}")
     print(found, open(found[0]).read()[:100])
+# the graded notebook is matmul.ipynb; a library's own notebooks (a Python environment under /tmp,
+# as in a fresh clone there, is bound into the sandbox) are public and not what is looked for
 _attack("cwd_notebook", lambda: _read("/proc/self/cwd/*.ipynb"))
 _attack("init_cwd_notebook", lambda: _read("/proc/1/cwd/*.ipynb"))
 _attack("work_notebook", lambda: _read("/home/learner/work/*"))
-_attack("any_notebook", lambda: _read("/home/**/*.ipynb"))
-_attack("tmp_notebook", lambda: _read("/tmp/**/*.ipynb"))
+_attack("any_notebook", lambda: _read("/home/**/matmul.ipynb"))
+_attack("tmp_notebook", lambda: _read("/tmp/**/matmul.ipynb"))
 def _hidden():
     for top in ("/home", "/tmp", "/opt", "/proc/self/cwd", "/proc/1/cwd", "/proc/1/root/home"):
         for folder, _, files in os.walk(top):
             for name in files:
+                if not name.endswith(".ipynb"):      # the graded notebook, by any name
+                    continue
                 try:
                     text = open(os.path.join(folder, name), errors="replace").read()
-                    if "BEGIN HIDDEN" + " TESTS" in text:    # not in this cell's own history
+                    if "BEGIN HIDDEN" + " TESTS" in text and "test_matmul" + "_hidden" in text:
                         return print(os.path.join(folder, name))
                 except OSError:
                     pass
