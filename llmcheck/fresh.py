@@ -40,7 +40,9 @@ def active() -> bool:
     return _secret is not None
 
 
-def _generator(cell: str, case: str, device: torch.device) -> torch.Generator:
+def _generator(cell: str, case: str) -> torch.Generator:
+    """A CPU generator seeded by the cell's secret and the case (values are drawn on the CPU and
+    moved to the argument's device, so every device draws the same)."""
     digest = hashlib.sha256(_secret + f"\0{cell}\0{case}".encode()).digest()
     generator = torch.Generator(device="cpu")
     generator.manual_seed(int.from_bytes(digest[:8], "little"))
@@ -67,7 +69,7 @@ def twin(cell: str, case: str, args: tuple, kwargs: dict):
     everything else deep-copied, or None when there is no secret or no tensor to redraw."""
     if _secret is None:
         return None
-    generator = _generator(cell, case, torch.device("cpu"))
+    generator = _generator(cell, case)
     redrawn = [False]
     memo: dict[int, object] = {}
 
