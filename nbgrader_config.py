@@ -52,14 +52,14 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.Autograde.autograde_preprocessors = [
-    "course.grading.limits.BoundedExecute",
+    "course.grading.plugins.BoundedExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     # the trusted verdicts (course/grading/VERDICTS.md): every test cell judged outside the
     # learner's kernel against the solution's records (the same list as course-grade's,
     # course.grading.nbgrader_app.autograde_preprocessors)
-    "course.grading.verdicts.Verdicts",
+    "course.grading.plugins.Verdicts",
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",

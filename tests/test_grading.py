@@ -9,19 +9,12 @@ tests at the top check the helpers the notebooks' test cells use.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import csv
-import hashlib
-import importlib.util
 import json
 import re
-import shutil
-import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -34,29 +27,19 @@ import llmcore.reference
 from course import grading
 from llmcheck.recorder import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
                              watch_torch_calls)
+from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, ROOT, cell_scores, check, count_grades,
+                       grade_class, load_data, mutants, nbgrader_meta, needs_assignment,
+                       new_course, read, row_of, selected, submission, submit, submit_all)
 
-ROOT = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT = 10          # seconds; the submission that loops forever costs one of these
 
 
 
-def _load(name: str, path: Path):
-    """Execute a test-data module under ``name``, afresh each time this file is loaded (a module
-    cached from an earlier load would hold other edit classes than _submission checks for)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module             # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
-
-
-mutants = _load("grading_mutants", ROOT / "tests" / "grading" / "mutants.py")
-# Exercises 5-8 keep their wrong submissions in a module each, which imports grading_mutants.
-ASSIGNMENT_MUTANTS = [_load(f"grading_{path.stem}", path)
-                      for path in sorted((ROOT / "tests" / "grading").glob("mutants_*.py"))]
-SUBMISSIONS = mutants.WRONG + mutants.BROKEN + [sub for module in ASSIGNMENT_MUTANTS
-                                                for sub in module.WRONG]
-ASSIGNMENTS = mutants.ASSIGNMENTS
+ASSIGNMENT_MUTANTS = [load_data(f"grading_{path.stem}", path)
+                      for path in sorted(DATA.glob("mutants_*.py"))]
+"""Exercises 5-11 keep their wrong submissions in a module each (mutants_<notebook>.py)."""
+SUBMISSIONS = selected(mutants.WRONG + mutants.BROKEN
+                       + [sub for module in ASSIGNMENT_MUTANTS for sub in module.WRONG])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,25 +119,16 @@ def test_importing_llmcore_or_the_grader_does_not_import_nbgrader():
 # The notebooks themselves
 # ------------------------------------------------------------------------------------------------
 
-def _read(folder: str, assignment: str):
-    return nbformat.read(ROOT / folder / assignment / f"{ASSIGNMENTS[assignment]}.ipynb",
-                         as_version=4)
-
-
-def _nbgrader(cell) -> dict:
-    return cell.metadata.get("nbgrader", {})
-
-
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_solution_notebooks_are_well_formed(assignment):
-    nb = _read("solutions", assignment)
-    ids = [_nbgrader(c).get("grade_id") for c in nb.cells]
+    nb = read("solutions", assignment)
+    ids = [nbgrader_meta(c).get("grade_id") for c in nb.cells]
     assert None not in ids and len(set(ids)) == len(ids), f"grade ids missing or repeated: {ids}"
-    tests = [c for c in nb.cells if _nbgrader(c).get("grade")]
-    answers = [c for c in nb.cells if _nbgrader(c).get("solution")]
+    tests = [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+    answers = [c for c in nb.cells if nbgrader_meta(c).get("solution")]
     assert answers and all("### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source
                            for c in answers)
-    assert all(_nbgrader(c)["locked"] and _nbgrader(c)["points"] > 0 for c in tests)
+    assert all(nbgrader_meta(c)["locked"] and nbgrader_meta(c)["points"] > 0 for c in tests)
     hidden = [c for c in tests if "### BEGIN HIDDEN TESTS" in c.source]
     visible = [c for c in tests if "### BEGIN HIDDEN TESTS" not in c.source]
     assert hidden and visible, "each assignment has visible tests to learn from and hidden ones"
@@ -170,7 +144,7 @@ def test_solution_notebooks_are_well_formed(assignment):
 def test_committed_exercises_equal_a_fresh_release(tmp_path):
     written = grading.release(ROOT, release_dir=tmp_path / "exercises")
     assert sorted(p.relative_to(tmp_path / "exercises").as_posix() for p in written) == \
-        sorted(f"{a}/{n}.ipynb" for a, n in ASSIGNMENTS.items())
+        sorted(f"{a}/{n}.ipynb" for a, n in ALL_ASSIGNMENTS.items())
 
     def content(nb):
         return {"metadata": nb.metadata,
@@ -193,17 +167,11 @@ def test_committed_exercises_equal_a_fresh_release(tmp_path):
 # The learner's check
 # ------------------------------------------------------------------------------------------------
 
-def _check(notebook: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "course.grading", "check", str(notebook),
-                           "--timeout", "60"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-
-
 @pytest.mark.slow
 def test_check_passes_a_solved_notebook_and_prints_each_test(tmp_path):
     solved = tmp_path / "matmul.ipynb"
-    nbformat.write(_submission("01_matmul", answered=True), str(solved))
-    done = _check(solved)
+    nbformat.write(submission("01_matmul", answered=True), str(solved))
+    done = check(solved)
     assert done.returncode == 0, done.stdout + done.stderr
     for name in ("test_dot", "test_matmul", "test_matmul_error", "test_project"):
         assert f"PASS    {name}:" in done.stdout, done.stdout
@@ -214,7 +182,7 @@ def test_check_passes_a_solved_notebook_and_prints_each_test(tmp_path):
 
 @pytest.mark.slow
 def test_check_fails_an_unanswered_notebook_with_the_reason():
-    done = _check(ROOT / "exercises" / "01_matmul" / "matmul.ipynb")
+    done = check(ROOT / "exercises" / "01_matmul" / "matmul.ipynb")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL    test_dot: 0 of 1 point" in done.stdout, done.stdout
     assert "NotImplementedError: replace this line with your code" in done.stdout
@@ -240,118 +208,27 @@ def test_check_refuses_a_missing_notebook():
 # The instructor's grade: one class, one run
 # ------------------------------------------------------------------------------------------------
 
-def _answers(assignment: str) -> dict[str, str]:
-    """The solution of every answer cell, without nbgrader's markers (what a student types)."""
-    return {_nbgrader(c)["grade_id"]: "\n".join(
-                line for line in c.source.splitlines()
-                if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
-            for c in _read("solutions", assignment).cells if _nbgrader(c).get("solution")}
-
-
-def _submission(assignment: str, *, answered: bool, edits: dict | None = None):
-    """A released notebook, its answer cells filled in (answered), then edited cell by cell."""
-    nb = _read("exercises", assignment)
-    answers = _answers(assignment)
-    cells = []
-    for cell in nb.cells:
-        grade_id = _nbgrader(cell).get("grade_id")
-        if answered and grade_id in answers:
-            cell.source = answers[grade_id]
-        edit = (edits or {}).get(grade_id)
-        if isinstance(edit, mutants.Delete):
-            continue
-        if isinstance(edit, mutants.Replace):
-            assert cell.source.count(edit.old) == 1, f"{grade_id}: {edit.old!r} must occur once"
-            cell.source = cell.source.replace(edit.old, edit.new)
-        elif isinstance(edit, mutants.Source):
-            cell.source = edit.text.strip("\n")
-        elif isinstance(edit, mutants.Prepend):
-            cell.source = edit.text + cell.source
-        elif isinstance(edit, mutants.Duplicate):
-            cells.append(cell)
-            cell = copy.deepcopy(cell)
-            cell.source = cell.source if edit.text is None else edit.text.strip("\n")
-        elif edit is not None:
-            raise TypeError(f"{grade_id}: unknown edit {edit!r} (edits come from {mutants.__name__})")
-        cells.append(cell)
-    missing = set(edits or {}) - {_nbgrader(c).get("grade_id") for c in nb.cells}
-    assert not missing, f"edits of cells that {assignment} does not have: {missing}"
-    nb.cells = cells
-    return nb
-
-
-def _submit(course: Path, student: str, assignment: str, nb) -> None:
-    folder = course / "submitted" / student / assignment
-    folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(folder / f"{ASSIGNMENTS[assignment]}.ipynb"))
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """Grade the whole class once; returns (course folder, gradebook path, CSV rows, seconds)."""
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(ROOT / "solutions", course / "solutions")
-    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    course = new_course(tmp_path_factory.mktemp("course"))
     for assignment in ASSIGNMENTS:
-        _submit(course, "full_marks", assignment, _submission(assignment, answered=True))
-        _submit(course, "untouched", assignment, _submission(assignment, answered=False))
-    for sub in SUBMISSIONS:
-        _submit(course, sub.student, sub.assignment,
-                _submission(sub.assignment, answered=sub.answered, edits=sub.edits))
-    gradebook = course / "gradebook.db"
+        submit(course, "full_marks", assignment, submission(assignment, answered=True))
+        submit(course, "untouched", assignment, submission(assignment, answered=False))
+    submit_all(course, SUBMISSIONS)
     start = time.perf_counter()
-    run = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT,
-                        log=lambda message: print(message, flush=True))
-    print(run.summary())
-    rows = run.rows
-    seconds = time.perf_counter() - start
-    notebooks = 2 * len(ASSIGNMENTS) + len(SUBMISSIONS)
-    print(f"graded {notebooks} notebooks in {seconds:.0f} s ({seconds / notebooks:.1f} s each, "
-          f"including one {CELL_TIMEOUT} s cell timeout)")
-    return course, gradebook, rows, seconds
-
-
-def _cell_scores(gradebook: Path, student: str, assignment: str) -> dict[str, tuple[float, float]]:
-    """grade_id -> (score, max score) of one submission, straight from the sqlite gradebook."""
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{gradebook}") as gb:
-        notebook = gb.find_submission_notebook(ASSIGNMENTS[assignment], assignment, student)
-        return {g.name: (float(g.score), float(g.max_score)) for g in notebook.grades}
-
-
-GRADER_OUTPUTS = {"gradebook.db", "autograded", "feedback", "course_grades.csv"}
-"""What the grader writes in the course; everything else must be byte-identical afterwards."""
-
-
-def tree_hash(course: Path) -> dict[str, str]:
-    """Path -> sha256 of every file of the course except the grader's outputs."""
-    hashes = {}
-    for path in sorted(course.rglob("*")):
-        rel = path.relative_to(course)
-        if rel.parts[0] in GRADER_OUTPUTS or not path.is_file():
-            continue
-        hashes[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return hashes
-
-
-def _count_grades(gradebook: Path) -> int:
-    with contextlib.closing(sqlite3.connect(gradebook)) as db:
-        return db.execute("select count(*) from grade").fetchone()[0]
-
-
-def _row(rows, student: str, assignment: str):
-    found = [r for r in rows if r.student == student and r.assignment == assignment]
-    assert len(found) == 1, f"expected one grade for {student}/{assignment}, got {found}"
-    return found[0]
+    run = grade_class(course, timeout=CELL_TIMEOUT,
+                      what=f"notebooks (including one {CELL_TIMEOUT} s cell timeout)")
+    return course, course / "gradebook.db", run.rows, time.perf_counter() - start
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_every_solution_scores_full_marks(graded, assignment):
     course, gradebook, rows, _ = graded
-    row = _row(rows, "full_marks", assignment)
+    row = row_of(rows, "full_marks", assignment)
     assert row.status == "graded" and row.max_score > 0 and row.score == row.max_score, row
-    failed = {name for name, (score, top) in _cell_scores(gradebook, "full_marks", assignment).items()
+    failed = {name for name, (score, top) in cell_scores(gradebook, "full_marks", assignment).items()
               if score < top}
     assert not failed
 
@@ -360,7 +237,7 @@ def test_every_solution_scores_full_marks(graded, assignment):
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_every_untouched_release_scores_zero(graded, assignment):
     course, gradebook, rows, _ = graded
-    row = _row(rows, "untouched", assignment)
+    row = row_of(rows, "untouched", assignment)
     assert row.status == "graded" and row.score == 0 and row.max_score > 0, row
 
 
@@ -368,7 +245,7 @@ def test_every_untouched_release_scores_zero(graded, assignment):
 @pytest.mark.parametrize("sub", SUBMISSIONS, ids=[s.student for s in SUBMISSIONS])
 def test_wrong_and_broken_submissions_get_their_score(graded, sub):
     course, gradebook, rows, _ = graded
-    cells = _cell_scores(gradebook, sub.student, sub.assignment)
+    cells = cell_scores(gradebook, sub.student, sub.assignment)
     points = {name: top for name, (_, top) in cells.items()}
     assert sub.failing <= set(points), f"unknown test cells {sub.failing - set(points)}"
     assert sub.score == sum(points.values()) - sum(points[name] for name in sub.failing), \
@@ -376,19 +253,22 @@ def test_wrong_and_broken_submissions_get_their_score(graded, sub):
     failed = {name for name, (score, top) in cells.items() if score < top}
     assert failed == sub.failing, f"{sub.why}: expected {sorted(sub.failing)} to fail, " \
                                   f"got {sorted(failed)}"
-    row = _row(rows, sub.student, sub.assignment)
+    row = row_of(rows, sub.student, sub.assignment)
     assert row.score == sub.score, row
     assert row.status.startswith("failed:") == sub.stops_grader, row
 
 
 @pytest.mark.slow
+@needs_assignment("01_matmul")
+@needs_assignment("02_attention")
+@needs_assignment("04_kv_cache")
 def test_a_broken_submission_does_not_stop_the_run(graded):
     course, gradebook, rows, _ = graded
     students = {(r.student, r.assignment) for r in rows}
     expected = {("full_marks", a) for a in ASSIGNMENTS} | {("untouched", a) for a in ASSIGNMENTS} \
         | {(s.student, s.assignment) for s in SUBMISSIONS}
     assert students == expected
-    dead = _row(rows, "kernel_dies", "04_kv_cache")
+    dead = row_of(rows, "kernel_dies", "04_kv_cache")
     assert dead.status.startswith("failed:") and "kernel" in dead.status.lower(), dead
     for student, assignment in expected:
         page = course / "feedback" / student / assignment / f"{ASSIGNMENTS[assignment]}.html"
@@ -409,12 +289,13 @@ def test_a_broken_submission_does_not_stop_the_run(graded):
 
 
 @pytest.mark.slow
+@needs_assignment("01_matmul")
 def test_grading_again_keeps_every_grade(graded):
     """A later run (the instructor's command line) grades only the new submission; nothing
     already in the gradebook changes."""
     course, gradebook, rows, _ = graded
-    before = _count_grades(gradebook)
-    _submit(course, "late", "01_matmul", _submission("01_matmul", answered=True))
+    before = count_grades(gradebook)
+    submit(course, "late", "01_matmul", submission("01_matmul", answered=True))
     grades = course / "second.csv"
     done = subprocess.run(
         [sys.executable, "-m", "course.grading", "grade", "--course-dir", str(course),
@@ -430,4 +311,4 @@ def test_grading_again_keeps_every_grade(graded):
     assert not [r for r in again.values() if r["status"] == "graded"], \
         "only the new submission is graded again"
     assert "late" in done.stdout and "grades:" in done.stdout
-    assert _count_grades(gradebook) == before + len(_cell_scores(gradebook, "late", "01_matmul"))
+    assert count_grades(gradebook) == before + len(cell_scores(gradebook, "late", "01_matmul"))

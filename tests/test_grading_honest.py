@@ -13,23 +13,22 @@ from __future__ import annotations
 
 import ast
 import json
-import shutil
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from course import grading
-from test_grading import (ASSIGNMENTS, _answers, _cell_scores, _load, _nbgrader, _read, _row,
-                          _submission, _submit, mutants)
+from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, answers, cell_scores, grade_class,
+                       load_data, mutants, nbgrader_meta, new_course, read, row_of, selected,
+                       submission, submit_all)
 
-ROOT = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT = 60          # seconds per cell: an honest answer is never cut short for speed
 
-honest = _load("grading_honest", ROOT / "tests" / "grading" / "honest.py")
+honest = load_data("grading_honest", DATA / "honest.py")
 HONEST = honest.HONEST_VARIANTS
 IDS = [sub.student for sub in HONEST]
+GRADED = selected(HONEST)
+"""The variants the class run grades (GRADING_TEST_ASSIGNMENTS may narrow it)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -37,18 +36,18 @@ IDS = [sub.student for sub in HONEST]
 # ------------------------------------------------------------------------------------------------
 
 def _full_marks(assignment: str) -> float:
-    return sum(float(_nbgrader(c)["points"]) for c in _read("solutions", assignment).cells
-               if _nbgrader(c).get("grade") and not _nbgrader(c).get("solution"))
+    return sum(float(nbgrader_meta(c)["points"]) for c in read("solutions", assignment).cells
+               if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution"))
 
 
 def test_the_corpus_covers_every_assignment_with_full_marks():
     assert len(HONEST) >= 30, f"only {len(HONEST)} honest variants"
     counts = Counter(sub.assignment for sub in HONEST)
-    assert set(counts) == set(ASSIGNMENTS), f"assignments without a variant: " \
-                                            f"{set(ASSIGNMENTS) - set(counts)}"
+    assert set(counts) == set(ALL_ASSIGNMENTS), f"assignments without a variant: " \
+                                                f"{set(ALL_ASSIGNMENTS) - set(counts)}"
     assert min(counts.values()) >= 3, f"fewer than 3 variants: {counts}"
     assert len(set(IDS)) == len(IDS), "student names repeat"
-    for assignment in ASSIGNMENTS:
+    for assignment in ALL_ASSIGNMENTS:
         assert honest.FULL_MARKS[assignment] == _full_marks(assignment), assignment
     for sub in HONEST:
         assert isinstance(sub, mutants.Submission), sub.student
@@ -60,14 +59,14 @@ def test_the_corpus_covers_every_assignment_with_full_marks():
 def test_every_edit_applies_to_an_answer_cell_of_the_release(sub):
     """Each edit names an answer cell of the released notebook (never a test or given code), a
     Replace finds its text exactly once, the result differs from the solution and is Python."""
-    released = {_nbgrader(c).get("grade_id"): c for c in _read("exercises", sub.assignment).cells}
+    released = {nbgrader_meta(c).get("grade_id"): c for c in read("exercises", sub.assignment).cells}
     for grade_id in sub.edits:
         assert grade_id in released, f"{sub.assignment} has no cell {grade_id}"
-        assert _nbgrader(released[grade_id]).get("solution"), \
+        assert nbgrader_meta(released[grade_id]).get("solution"), \
             f"{grade_id} is not an answer cell: an honest learner edits only answers"
-    nb = _submission(sub.assignment, answered=True, edits=sub.edits)   # asserts Replace counts
-    solution = _answers(sub.assignment)
-    cells = {_nbgrader(c).get("grade_id"): c for c in nb.cells}
+    nb = submission(sub.assignment, answered=True, edits=sub.edits)   # asserts Replace counts
+    solution = answers(sub.assignment)
+    cells = {nbgrader_meta(c).get("grade_id"): c for c in nb.cells}
     for grade_id, edit in sub.edits.items():
         assert isinstance(edit, (mutants.Replace, mutants.Source, mutants.Prepend)), edit
         source = cells[grade_id].source
@@ -82,19 +81,10 @@ def test_every_edit_applies_to_an_answer_cell_of_the_release(sub):
 @pytest.fixture(scope="module")
 def graded_honest(tmp_path_factory):
     """Grade every honest variant once; returns (course folder, gradebook path, CSV rows)."""
-    course = tmp_path_factory.mktemp("honest_course")
-    shutil.copytree(ROOT / "solutions", course / "solutions")
-    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    for sub in HONEST:
-        _submit(course, sub.student, sub.assignment,
-                _submission(sub.assignment, answered=sub.answered, edits=sub.edits))
-    gradebook = course / "gradebook.db"
-    start = time.perf_counter()
-    run = grading.grade(course, gradebook=gradebook, timeout=CELL_TIMEOUT,
-                        log=lambda message: print(message, flush=True))
-    print(run.summary())
-    print(f"graded {len(HONEST)} honest notebooks in {time.perf_counter() - start:.0f} s")
-    return course, gradebook, run.rows
+    course = new_course(tmp_path_factory.mktemp("honest_course"))
+    submit_all(course, GRADED)
+    run = grade_class(course, timeout=CELL_TIMEOUT, what="honest notebooks")
+    return course, course / "gradebook.db", run.rows
 
 
 def _why_cells_failed(course: Path, sub, names: set[str]) -> list[str]:
@@ -120,11 +110,11 @@ def _why_cells_failed(course: Path, sub, names: set[str]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sub", HONEST, ids=IDS)
+@pytest.mark.parametrize("sub", GRADED, ids=[sub.student for sub in GRADED])
 def test_an_honest_answer_gets_full_marks(graded_honest, sub):
     course, gradebook, rows = graded_honest
-    row = _row(rows, sub.student, sub.assignment)
-    cells = _cell_scores(gradebook, sub.student, sub.assignment) if row.status == "graded" else {}
+    row = row_of(rows, sub.student, sub.assignment)
+    cells = cell_scores(gradebook, sub.student, sub.assignment) if row.status == "graded" else {}
     failed = {name for name, (score, top) in cells.items() if score < top}
     message = "\n".join([f"{sub.student} ({sub.assignment}): {sub.why}",
                          f"score {row.score:g} of {row.max_score:g}, status {row.status!r}",
@@ -135,7 +125,7 @@ def test_an_honest_answer_gets_full_marks(graded_honest, sub):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("student", sorted(honest.WRITES))
+@pytest.mark.parametrize("student", sorted(s.student for s in GRADED if s.student in honest.WRITES))
 def test_the_variants_really_write_what_they_claim(graded_honest, student):
     """A variant about warnings must have shown one (else it tests nothing: torch may stop
     warning there one day), a variant about display() must have displayed something."""

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
-import importlib.util
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -29,25 +27,15 @@ import pytest
 
 from course import grading
 from course.grading import sandbox
+from classroom import (DATA, cell_scores, count_grades, load_data, new_course, submission, submit,
+                       tree_hash)
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import test_grading as tg  # noqa: E402  (the class builders of the earlier grading tests)
 
 
 
-def _load(name: str, path: Path):
-    """Execute a test-data module under ``name`` (resource_attacks imports grading_attacks)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-attacks = _load("grading_attacks", ROOT / "tests" / "grading" / "attacks.py")
-resource_attacks = _load("grading_resource_attacks",
-                         ROOT / "tests" / "grading" / "resource_attacks.py")
+attacks = load_data("grading_attacks", DATA / "attacks.py")
+resource_attacks = load_data("grading_resource_attacks", DATA / "resource_attacks.py")
 
 CELL_TIMEOUT = 10
 NOTEBOOK_TIMEOUT = 40
@@ -239,9 +227,10 @@ def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_s
 
 
 async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int, **limits):
-    """A started SandboxedKernelManager and its ready client."""
+    """A started SandboxedKernelManager and its ready client; its events also go to
+    cwd/events.jsonl (as a grader's worker asks)."""
     km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=notebook_timeout,
-                                        **limits)
+                                        events_file=str(cwd / "events.jsonl"), **limits)
     await km.start_kernel(cwd=str(cwd))
     kc = km.client()
     kc.start_channels()
@@ -319,11 +308,11 @@ def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path):
         alive = await km.is_alive()
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
-        return alive_after_interrupt and not alive
+        return alive_after_interrupt and not alive, km.events
 
-    before = len(sandbox.EVENTS)
-    assert asyncio.run(run()), "the kernel must survive the interrupt and die at the wall clock"
-    assert sandbox.stopped_event("timeout", seconds=8) in sandbox.EVENTS[before:]
+    survived_and_died, events = asyncio.run(run())
+    assert survived_and_died, "the kernel must survive the interrupt and die at the wall clock"
+    assert sandbox.stopped_event("timeout", seconds=8) in events
     time.sleep(0.5)
     assert not _processes_with(token)
 
@@ -349,16 +338,16 @@ def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypat
         monkeypatch.setattr(sandbox.MemoryCgroup, "create", classmethod(lambda cls, mb: None))
     shared = _meminfo("Shmem")
 
-    async def run() -> str:
+    async def run() -> list[dict]:
         km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60, memory_limit_mb=1024)
         group = km._cgroup
-        printed = await _run_in_kernel(km, kc, MEMFD_HOARD, timeout=30)
+        await _run_in_kernel(km, kc, MEMFD_HOARD, timeout=30)
         assert group is None or not group.path.exists(), "the kernel's cgroup outlived it"
-        return printed
+        return km.events
 
-    before = len(sandbox.EVENTS)
-    asyncio.run(run())
-    assert sandbox.EVENTS[before:] == [sandbox.stopped_event("memory", limit_mb=1024, how=how)]
+    events = asyncio.run(run())
+    assert events == [sandbox.stopped_event("memory", limit_mb=1024, how=how)]
+    assert sandbox.read_events(tmp_path / "events.jsonl") == events, "the job's file has them"
     deadline = time.monotonic() + 10            # a killed process's memory is freed soon after
     while _meminfo("Shmem") > shared + 256 * sandbox.MiB and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -373,16 +362,14 @@ def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(t
              "for i in range(1000):\n"
              "    open(os.path.join(folder, f'f{i}'), 'wb').write(b'd' * 2**20)\n")
 
-    async def run() -> Path:
+    async def run() -> tuple[Path, list[dict]]:
         km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60)
         folder = km._kernel_dir
         await _run_in_kernel(km, kc, flood, timeout=30)
-        return folder
+        return folder, km.events
 
-    before = len(sandbox.EVENTS)
-    folder = asyncio.run(run())
-    assert sandbox.EVENTS[before:] == [sandbox.stopped_event("disk",
-                                                             limit_mb=sandbox.KERNEL_DIR_MB)]
+    folder, events = asyncio.run(run())
+    assert events == [sandbox.stopped_event("disk", limit_mb=sandbox.KERNEL_DIR_MB)]
     assert not folder.exists()
 
 
@@ -439,7 +426,7 @@ def _processes_with(token: str) -> list[int]:
 # ------------------------------------------------------------------------------------------------
 
 def _attack_notebook(attack, course: Path, token: str):
-    nb = tg._submission(attack.assignment, answered=attack.answered)
+    nb = submission(attack.assignment, answered=attack.answered)
     code = attack.code.format(course=course, token=token, grader_pid=os.getpid())
     first_answer = next(i for i, c in enumerate(nb.cells)
                         if c.metadata.get("nbgrader", {}).get("solution"))
@@ -468,33 +455,32 @@ def _printed(notebook: Path) -> str:
                    if out.get("output_type") == "stream")
 
 
-def _new_course(tmp_path_factory, name: str) -> Path:
-    course = tmp_path_factory.mktemp(name)
-    shutil.copytree(ROOT / "solutions", course / "solutions")
-    shutil.copy(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
-    return course
+def _attacks_between_honest_students(course: Path, attacks_: list) -> str:
+    """Submit each attack (its notebook made with a fresh token, returned) between two honest
+    students of exercise 1."""
+    token = uuid.uuid4().hex
+    honest = submission("01_matmul", answered=True)
+    submit(course, "aa_honest", "01_matmul", honest)
+    for attack in attacks_:
+        submit(course, attack.student, attack.assignment, _attack_notebook(attack, course, token))
+    submit(course, "zz_honest", "01_matmul", honest)
+    return token
 
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     if sandbox.sandbox_problem() is not None:
         pytest.skip(f"no sandbox here: {sandbox.sandbox_problem()}")
-    course = _new_course(tmp_path_factory, "hostile")
-    token = uuid.uuid4().hex
-    honest = tg._submission("01_matmul", answered=True)
-    tg._submit(course, "aa_honest", "01_matmul", honest)
-    tg._submit(course, "aa_blank", "01_matmul", tg._submission("01_matmul", answered=False))
-    for attack in attacks.ATTACKS:
-        tg._submit(course, attack.student, attack.assignment,
-                   _attack_notebook(attack, course, token))
-    tg._submit(course, "zz_honest", "01_matmul", honest)
+    course = new_course(tmp_path_factory.mktemp("hostile"))
+    submit(course, "aa_blank", "01_matmul", submission("01_matmul", answered=False))
+    token = _attacks_between_honest_students(course, attacks.ATTACKS)
     # Submissions made of symbolic links to another student's work.
     linked = course / "submitted" / "links_notebook" / "01_matmul"
     linked.mkdir(parents=True)
     (linked / "matmul.ipynb").symlink_to(course / "submitted" / "aa_honest" / "01_matmul" /
                                          "matmul.ipynb")
     (course / "submitted" / "links_folder").symlink_to(course / "submitted" / "aa_honest")
-    before = tg.tree_hash(course)
+    before = tree_hash(course)
     run = grading.grade(course, timeout=CELL_TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT,
                         log=lambda message: print(message, flush=True))
     print(run.summary())
@@ -509,7 +495,7 @@ def test_honest_students_keep_their_exact_scores(hostile):
     for student, score in (("aa_honest", 12), ("zz_honest", 12), ("aa_blank", 0)):
         row = table[(student, "01_matmul")]
         assert row["status"] == "graded" and float(row["score"]) == score, row
-    cells = tg._cell_scores(course / "gradebook.db", "zz_honest", "01_matmul")
+    cells = cell_scores(course / "gradebook.db", "zz_honest", "01_matmul")
     assert all(score == top for score, top in cells.values()), cells
 
 
@@ -555,7 +541,7 @@ def test_every_probe_was_blocked(hostile):
 def test_the_course_is_unchanged_except_for_the_grader_outputs(hostile):
     course, token, before, _, _ = hostile
     time.sleep(5)
-    assert tg.tree_hash(course) == before
+    assert tree_hash(course) == before
     assert not (course / "daemon_was_here").exists() and not (course / "planted.txt").exists()
     assert not _processes_with(token), "a daemon outlived its kernel"
 
@@ -612,14 +598,8 @@ def _stale_cgroups() -> list[Path]:
 def greedy(tmp_path_factory):
     if sandbox.sandbox_problem() is not None:
         pytest.skip(f"no sandbox here: {sandbox.sandbox_problem()}")
-    course = _new_course(tmp_path_factory, "greedy")
-    token = uuid.uuid4().hex
-    honest = tg._submission("01_matmul", answered=True)
-    tg._submit(course, "aa_honest", "01_matmul", honest)
-    for attack in resource_attacks.RESOURCE_ATTACKS:
-        tg._submit(course, attack.student, attack.assignment,
-                   _attack_notebook(attack, course, token))
-    tg._submit(course, "zz_honest", "01_matmul", honest)
+    course = new_course(tmp_path_factory.mktemp("greedy"))
+    _attacks_between_honest_students(course, resource_attacks.RESOURCE_ATTACKS)
     before = {"shmem": _meminfo("Shmem"), "disk": _disk_free()}
     run = grading.grade(course, timeout=GREEDY_CELL_TIMEOUT, notebook_timeout=2 * NOTEBOOK_TIMEOUT,
                         log=lambda message: print(message, flush=True))
@@ -649,7 +629,7 @@ def test_honest_students_beside_greedy_ones_keep_full_marks(greedy):
     for student in ("aa_honest", "zz_honest"):
         row = table[(student, "01_matmul")]
         assert (row["status"], float(row["score"]), row["reasons"]) == ("graded", 12, ""), row
-    cells = tg._cell_scores(course / "gradebook.db", "zz_honest", "01_matmul")
+    cells = cell_scores(course / "gradebook.db", "zz_honest", "01_matmul")
     assert all(score == top for score, top in cells.values()), cells
 
 
@@ -693,8 +673,8 @@ def _graded_students(gradebook: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_trusted_notebooks_can_be_graded_without_a_sandbox(tmp_path_factory):
-    course = _new_course(tmp_path_factory, "trusted")
-    tg._submit(course, "trusted", "01_matmul", tg._submission("01_matmul", answered=True))
+    course = new_course(tmp_path_factory.mktemp("trusted"))
+    submit(course, "trusted", "01_matmul", submission("01_matmul", answered=True))
     env = dict(os.environ, COURSE_BWRAP="/nonexistent/bwrap")
     command = [sys.executable, "-m", "course.grading", "grade", "--course-dir", str(course),
                "--timeout", str(CELL_TIMEOUT), "--no-feedback"]
@@ -712,16 +692,16 @@ def test_trusted_notebooks_can_be_graded_without_a_sandbox(tmp_path_factory):
 
 
 def _scores(course: Path, student: str) -> dict:
-    return tg._cell_scores(course / "gradebook.db", student, "01_matmul")
+    return cell_scores(course / "gradebook.db", student, "01_matmul")
 
 
 @needs_sandbox
 @pytest.mark.slow
 def test_a_grader_killed_mid_run_keeps_every_grade(tmp_path_factory):
-    course = _new_course(tmp_path_factory, "killed")
+    course = new_course(tmp_path_factory.mktemp("killed"))
     students = [f"s{i}" for i in range(3)]
     for student in students:
-        tg._submit(course, student, "01_matmul", tg._submission("01_matmul", answered=True))
+        submit(course, student, "01_matmul", submission("01_matmul", answered=True))
     command = [sys.executable, "-m", "course.grading", "grade", "--course-dir", str(course),
                "--timeout", str(CELL_TIMEOUT), "--workers", "1", "--no-feedback"]
     grader = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -745,14 +725,14 @@ def test_a_grader_killed_mid_run_keeps_every_grade(tmp_path_factory):
         assert table[student]["status"] == expected, (student, table[student])
     assert {s: _scores(course, s) for s in first} == scores
     # --force grades everything again, replacing (not duplicating) each submission's grades.
-    grades = tg._count_grades(course / "gradebook.db")
+    grades = count_grades(course / "gradebook.db")
     forced = subprocess.run([*command[:-3], "--force", "--workers", "2", "--no-feedback"],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert forced.returncode == 0, forced.stdout + forced.stderr
     with open(course / "course_grades.csv", newline="") as f:
         again = {r["student_id"]: (r["status"], r["score"]) for r in csv.DictReader(f)}
     assert again == {s: ("graded", "12") for s in students}
-    assert tg._count_grades(course / "gradebook.db") == grades
+    assert count_grades(course / "gradebook.db") == grades
     assert "notebooks/min" in forced.stdout and "s per notebook" in forced.stdout
 
 
@@ -762,8 +742,7 @@ def test_a_grader_killed_mid_run_keeps_every_grade(tmp_path_factory):
 
 def test_release_refuses_to_overwrite_edited_exercises(tmp_path):
     from course.grading.release import BACKUP_DIR, EditedExercises
-    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
-    shutil.copy(ROOT / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    new_course(tmp_path)
     first = grading.release(tmp_path)
     assert grading.release(tmp_path) == first, "an untouched release is replaced silently"
     edited = tmp_path / "exercises" / "01_matmul" / "matmul.ipynb"
@@ -807,12 +786,12 @@ def test_the_learner_edition_has_no_solutions_or_grading_data(tmp_path):
 @needs_sandbox
 @pytest.mark.slow
 def test_plain_nbgrader_autograde_is_sandboxed_and_quiet(tmp_path_factory):
-    course = _new_course(tmp_path_factory, "plain")
-    tg._submit(course, "untouched", "01_matmul", tg._submission("01_matmul", answered=False))
-    probe = tg._submission("01_matmul", answered=True)
+    course = new_course(tmp_path_factory.mktemp("plain"))
+    submit(course, "untouched", "01_matmul", submission("01_matmul", answered=False))
+    probe = submission("01_matmul", answered=True)
     probe.cells.insert(1, nbformat.v4.new_code_cell("import os\nprint('WHERE', os.getuid(), "
                                                     "os.getcwd())"))
-    tg._submit(course, "probe", "01_matmul", probe)
+    submit(course, "probe", "01_matmul", probe)
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     for command in (["generate_assignment", "01_matmul", "--force"],
                     ["autograde", "01_matmul"]):
@@ -823,7 +802,7 @@ def test_plain_nbgrader_autograde_is_sandboxed_and_quiet(tmp_path_factory):
     assert "checksum" not in output.lower(), output
     printed = _printed(course / "autograded" / "probe" / "01_matmul" / "matmul.ipynb")
     assert f"WHERE {sandbox.SANDBOX_UID} {sandbox.SANDBOX_WORK}" in printed, printed
-    cells = tg._cell_scores(course / "gradebook.db", "untouched", "01_matmul")
+    cells = cell_scores(course / "gradebook.db", "untouched", "01_matmul")
     assert "test_matmul_hidden" in cells and all(score == 0 for score, _ in cells.values())
-    cells = tg._cell_scores(course / "gradebook.db", "probe", "01_matmul")
+    cells = cell_scores(course / "gradebook.db", "probe", "01_matmul")
     assert all(score == top for score, top in cells.values()), cells

@@ -4,35 +4,26 @@ between honest students."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import sys
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
-from course import grading
 from course.grading.review import review_evidence
 from course.grading.verdicts import Verdict, judge
 from llmcheck.recorder import (PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid,
                                storages_of)
+from classroom import (ASSIGNMENTS as GRADED_ASSIGNMENTS, check, grade_class, mutants, new_course,
+                       row_of, submission, submit, submit_all, tree_hash)
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("grading_tests", ROOT / "tests" / "test_grading.py")
-grading_tests = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = grading_tests
-_spec.loader.exec_module(grading_tests)
-mutants = grading_tests.mutants                 # one module object: _submission checks edit types
-sys.modules["mutants"] = mutants
+sys.modules["mutants"] = mutants              # cheats.py imports the edit classes by this name
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 import cheats  # noqa: E402
 
-_submission, _submit, _check = (grading_tests._submission, grading_tests._submit,
-                                grading_tests._check)
 CELL_TIMEOUT = 20
 
 
@@ -219,13 +210,13 @@ def test_review_evidence_is_what_reaches_the_checks_never_ordinary_python():
 
 @pytest.mark.slow
 def test_check_reports_a_test_replaced_by_pass_as_altered(tmp_path):
-    nb = _submission(mutants.MATMUL, answered=True, edits={
+    nb = submission(mutants.MATMUL, answered=True, edits={
         "matmul": mutants.Replace(cheats.LIBRARY_MATMUL, "return a @ b"),
         "test_matmul": mutants.Source("pass"), "test_project": mutants.Delete()})
     copy = tmp_path / "01_matmul" / "matmul.ipynb"
     copy.parent.mkdir()
     nbformat.write(nb, str(copy))
-    done = _check(copy)
+    done = check(copy)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ALTERED test_matmul" in done.stdout and "ALTERED test_project" in done.stdout
     assert "FAIL    test_matmul: 0 of 2 points" in done.stdout, done.stdout
@@ -235,11 +226,11 @@ def test_check_reports_a_test_replaced_by_pass_as_altered(tmp_path):
 
 @pytest.mark.slow
 def test_check_fails_a_test_that_published_no_record(tmp_path):
-    nb = _submission(mutants.MATMUL, answered=True,
+    nb = submission(mutants.MATMUL, answered=True,
                      edits={"dot": _cheat("input_transformer").edits["dot"]})
     copy = tmp_path / "matmul.ipynb"
     nbformat.write(nb, str(copy))
-    done = _check(copy)
+    done = check(copy)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL    test_dot: 0 of 1 point" in done.stdout and "none of its records" in done.stdout
     assert "NOTE    your code uses .input_transformers_cleanup" in done.stdout, done.stdout
@@ -255,35 +246,26 @@ def _cheat(student: str) -> cheats.Cheat:
 # ------------------------------------------------------------------------------------------------
 
 HONEST = ("aaa_honest", "zzz_honest")
-ASSIGNMENTS = sorted({c.assignment for c in cheats.CHEATS})
+CHEATS = [c for c in cheats.CHEATS if c.assignment in GRADED_ASSIGNMENTS]
+ASSIGNMENTS = sorted({c.assignment for c in CHEATS})
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    shutil.copytree(ROOT / "solutions", course / "solutions")
-    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    course = new_course(tmp_path_factory.mktemp("course"))
     for student in HONEST:
         for assignment in ASSIGNMENTS:
-            _submit(course, student, assignment, _submission(assignment, answered=True))
-    for cheat in cheats.CHEATS:
-        _submit(course, cheat.student, cheat.assignment,
-                _submission(cheat.assignment, answered=cheat.answered, edits=cheat.edits))
-    before = grading_tests.tree_hash(course)
-    start = time.perf_counter()
-    run = grading.grade(course, gradebook=course / "gradebook.db", timeout=CELL_TIMEOUT,
-                        log=lambda message: print(message, flush=True))
-    rows = run.rows
-    seconds = time.perf_counter() - start
-    count = len(HONEST) * len(ASSIGNMENTS) + len(cheats.CHEATS)
-    print(f"graded {count} notebooks in {seconds:.0f} s ({seconds / count:.1f} s each)")
-    return course, rows, before
+            submit(course, student, assignment, submission(assignment, answered=True))
+    submit_all(course, CHEATS)
+    before = tree_hash(course)
+    run = grade_class(course, timeout=CELL_TIMEOUT, what="notebooks (honest and cheats)")
+    return course, run.rows, before
 
 
 def test_cheats_leave_the_course_byte_identical(graded):
     """Solutions, submissions and config unchanged: only the grader's outputs are new."""
     course, _, before = graded
-    assert grading_tests.tree_hash(course) == before
+    assert tree_hash(course) == before
 
 
 def _verdicts(course: Path, student: str, assignment: str) -> dict[str, dict]:
@@ -300,16 +282,16 @@ def _verdicts(course: Path, student: str, assignment: str) -> dict[str, dict]:
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_honest_students_keep_full_marks(graded, student, assignment):
     course, rows, _ = graded
-    row = grading_tests._row(rows, student, assignment)
+    row = row_of(rows, student, assignment)
     assert row.score == row.max_score > 0, row
     assert all(v.get("passed") for v in _verdicts(course, student, assignment).values())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cheat", cheats.CHEATS, ids=[c.student for c in cheats.CHEATS])
+@pytest.mark.parametrize("cheat", CHEATS, ids=[c.student for c in CHEATS])
 def test_no_cheat_scores_above_its_honest_work(graded, cheat):
     course, rows, _ = graded
-    row = grading_tests._row(rows, cheat.student, cheat.assignment)
+    row = row_of(rows, cheat.student, cheat.assignment)
     if cheat.stops_grader:                # no autograded notebook: the whole submission is 0
         assert row.status.startswith("failed:") and row.score == cheat.score == 0, row
     else:

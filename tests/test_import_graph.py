@@ -1,6 +1,8 @@
 """llmcore's import graph, read from the source with ``ast`` (every import, at module level or
 inside a function): no cycle, no module importing from a layer above its own, no module
-importing the package itself, and no private name (``_x``) imported from another module.
+importing the package itself, and no private name (``_x``) imported from another module. The
+course's tooling (``course``) imports no private name across its modules either, and the grader
+builds no class behind a module-level ``__getattr__`` (nbgrader loads plain classes by name).
 
 The layers, bottom to top, are the architecture in one table: a new module takes its place here,
 and may import only from its own layer (without a cycle) or from the layers below."""
@@ -18,12 +20,12 @@ LAYERS = {
     "foundations": ["device", "shapes", "masks", "storage", "timing", "peak_memory", "published",
                     "scalar", "reference", "testing", "tokenizer", "corpus"],
     "operations": ["softmax", "matmul", "norm", "rope", "attention", "multihead", "ffn",
-                   "tiled", "backward", "parallel", "sampling"],
+                   "tiled", "backward", "parallel", "sampling", "quantize"],
     "caches": ["layout", "cache", "kvcache", "prefix", "block_allocator", "paged_batch",
                "paged"],
     "models": ["decoder", "model", "llama", "parameters", "checkpoint", "attention_probe",
                "pretrained"],
-    "generation": ["decode", "fastpath", "generate", "batching", "serving", "train"],
+    "generation": ["decode", "fastpath", "generate", "batching", "serving", "train", "lora"],
 }
 """Bottom to top: shapes and tools; the operations, each in its rungs; where keys and values are
 kept; the models that compose them; generation, which runs a model step by step."""
@@ -36,9 +38,12 @@ def module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(source: str, name: str, is_package: bool = False) -> list[tuple[str, str, int]]:
-    """(module, imported name or "", line) for every import of an llmcore module in ``source``,
-    the source of module ``name``; relative imports resolved."""
+def imports_of(source: str, name: str, is_package: bool = False, *,
+               package_dir: Path = PACKAGE) -> list[tuple[str, str, int]]:
+    """(module, imported name or "", line) for every import of a module of the package in
+    ``package_dir`` (llmcore by default) in ``source``, the source of module ``name``; relative
+    imports resolved."""
+    top = package_dir.name
     package = name if is_package else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -50,21 +55,31 @@ def imports_of(source: str, name: str, is_package: bool = False) -> list[tuple[s
                 module = node.module or ""
             for alias in node.names:
                 submodule = f"{module}.{alias.name}"
-                if submodule in LAYER_OF or Path(PACKAGE.parent, *submodule.split(".")).is_dir():
+                if submodule in LAYER_OF or Path(package_dir.parent, *submodule.split(".")).is_dir() \
+                        or Path(package_dir.parent, *submodule.split(".")).with_suffix(".py").is_file():
                     found.append((submodule, "", node.lineno))      # from . import x
                 else:
                     found.append((module, alias.name, node.lineno))
         elif isinstance(node, ast.Import):
             found += [(alias.name, "", node.lineno) for alias in node.names]
-    return [(m, n, line) for m, n, line in found if m == "llmcore" or m.startswith("llmcore.")]
+    return [(m, n, line) for m, n, line in found if m == top or m.startswith(f"{top}.")]
 
 
 def graph(root: Path = PACKAGE) -> dict[str, list[tuple[str, str, int]]]:
-    """Each module of the package -> its imports of llmcore modules."""
+    """Each module of the package in ``root`` -> its imports of the package's modules."""
     return {module_name(path, root): imports_of(path.read_text(encoding="utf-8"),
                                                 module_name(path, root),
-                                                path.name == "__init__.py")
+                                                path.name == "__init__.py", package_dir=root)
             for path in sorted(root.rglob("*.py"))}
+
+
+def private_imports(imports: list[tuple[str, str, int]], module: str) -> list[str]:
+    """The imports of private names (``_x``, or from a ``_module``) of modules other than
+    ``module`` itself."""
+    return [f"{target}.{name} (line {line})" for target, name, line in imports
+            if (name.startswith("_") or any(part.startswith("_") and part != "__init__"
+                                            for part in target.split(".")))
+            and target != module]
 
 
 def home(module: str) -> str:
@@ -124,11 +139,32 @@ def test_imports_point_down_or_across(module):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_no_private_name_is_imported_from_another_module(module):
-    private = [f"{target}.{name} (line {line})" for target, name, line in GRAPH[module]
-               if (name.startswith("_") or any(part.startswith("_") and part != "__init__"
-                                               for part in target.split(".")))
-               and home(target) != home(module)]
+    private = [item for item in private_imports(GRAPH[module], module)
+               if home(item.partition(" ")[0].rpartition(".")[0]) != home(module)]
     assert not private, f"{module} imports private names of other modules: {private}"
+
+
+COURSE = PACKAGE.parent / "course"
+COURSE_GRAPH = graph(COURSE)
+
+
+@pytest.mark.parametrize("module", sorted(COURSE_GRAPH))
+def test_the_course_tooling_imports_no_private_name_across_modules(module):
+    private = private_imports(COURSE_GRAPH[module], module)
+    assert not private, f"{module} imports private names of other modules: {private}"
+
+
+def module_getattr_lines(source: str) -> list[int]:
+    """Lines of a module-level ``def __getattr__`` (a module attribute built on first access)."""
+    return [node.lineno for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
+
+
+@pytest.mark.parametrize("path", sorted((COURSE / "grading").glob("*.py")), ids=lambda p: p.name)
+def test_the_grader_builds_no_class_behind_a_module_getattr(path):
+    lines = module_getattr_lines(path.read_text(encoding="utf-8"))
+    assert not lines, (f"{path.name}:{lines}: a module-level __getattr__; give nbgrader a plain "
+                       "class (course/grading/plugins.py)")
 
 
 # -- the checks can fail ------------------------------------------------------------------------
@@ -149,3 +185,16 @@ def test_function_level_relative_and_private_imports_are_all_seen():
         ("llmcore.model", "GPT", 1)]
     assert imports_of("from .model import GPT\n", "llmcore.pretrained", is_package=True) == [
         ("llmcore.pretrained.model", "GPT", 1)]
+
+
+def test_private_imports_and_module_getattr_are_seen():
+    source = ("from .report import _rows, GradeRow\n"
+              "def f():\n"
+              "    from .nbgrader_app import _quiet\n"
+              "    from . import _helpers\n")
+    found = imports_of(source, "course.grading.grade", package_dir=COURSE)
+    assert private_imports(found, "course.grading.grade") == [
+        "course.grading.report._rows (line 1)", "course.grading.nbgrader_app._quiet (line 3)",
+        "course.grading._helpers (line 4)"]
+    assert module_getattr_lines("x = 1\ndef __getattr__(name):\n    return name\n") == [2]
+    assert module_getattr_lines("class A:\n    def __getattr__(self, name):\n        pass\n") == []

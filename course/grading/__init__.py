@@ -1,15 +1,17 @@
 """The course's grader, on nbgrader: release (instructors), check (learners), grade (instructors).
 
 One audience per module: :mod:`.check` (the learner's visible tests), :mod:`.grade` and
-:mod:`.report` (the instructor's autograde, feedback and grade table), :mod:`.release`
-(solutions/ -> exercises/), :mod:`.edition` (the learner edition), :mod:`.limits` (the bounded
-executor: output caps, preloads, each test cell's secret and the harness check after it),
+:mod:`.report` (the instructor's grade: select, run, record; the gradebook and grade table),
+:mod:`.worker` (one submission graded in a worker process, its :class:`~.worker.Job`),
+:mod:`.release` (solutions/ -> exercises/), :mod:`.edition` (the learner edition),
+:mod:`.plugins` (the classes nbgrader loads by name: the bounded executor and the verdicts),
+:mod:`.limits` (the executor's limits, without nbgrader),
 :mod:`.sandbox` (what a notebook's kernel may see and use), :mod:`.secret` (the grade run's
 secret), :mod:`.verdicts` (each test cell judged against the solution's records),
 :mod:`.review` (evidence for the instructor's review, never a lost point), :mod:`.feedback` and
 :mod:`.hidden` (the feedback pages), :mod:`.nbgrader_app` (nbgrader's applications for a course
-directory). Importing the package imports no nbgrader. course/grading/VERDICTS.md is the
-contract between a test cell, the kernel-side harness (``llmcheck``) and the verdicts.
+directory), :mod:`.cli` (the commands). Importing the package imports no nbgrader.
+course/grading/VERDICTS.md opens with the pipeline as a table and is the contract between a test cell, the kernel-side harness (``llmcheck``) and the verdicts.
 """
 
 from .check import check, format_report

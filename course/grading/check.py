@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .limits import bounded_execute
-from .nbgrader_app import _last_error_line, _prepare_environment, course_config, find_config
+from .nbgrader_app import last_error_line, prepare_environment, course_config, find_config
 from .review import review_evidence
 from .verdicts import learner_sources, records_of, show_stderr_unscored
 
@@ -81,7 +81,7 @@ def _error_text(cell) -> str:
             return f"{out.ename}: {out.evalue}" if out.evalue else out.ename
     for out in cell.get("outputs", []):
         if out.output_type == "stream" and out.name == "stderr":
-            return "wrote to stderr: " + _last_error_line(out.text)
+            return "wrote to stderr: " + last_error_line(out.text)
     return ""
 
 
@@ -142,7 +142,7 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
     """Run a notebook in a fresh kernel (nbgrader's Validator, bounded like the grader) with the
     release's test cells, and report every test cell: pass or fail with its message, and the
     points it is worth."""
-    _prepare_environment()
+    prepare_environment()
     import tempfile
 
     import nbformat

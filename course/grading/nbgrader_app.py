@@ -15,12 +15,11 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from .limits import bounded_execute
 
 CONFIG_NAME = "nbgrader_config.py"
 
 
-def _prepare_environment() -> None:
+def prepare_environment() -> None:
     """Put this interpreter's bin directory first on PATH: nbgrader runs ``alembic`` for a new
     gradebook, and the ``python3`` kernel spec starts ``python`` from PATH.
 
@@ -88,16 +87,17 @@ def autograde_preprocessors() -> list:
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute, SaveAutoGrades
 
-    from .verdicts import verdicts_preprocessor
+    from .plugins import BoundedExecute, Verdicts
     steps = []
     for step in Autograde.class_traits()["autograde_preprocessors"].default():
         if step is SaveAutoGrades:
-            steps.append(verdicts_preprocessor())
-        steps.append(bounded_execute() if step is Execute else step)
+            steps.append(Verdicts)
+        steps.append(BoundedExecute if step is Execute else step)
     return steps
 
 
-def _course_directory(config, **attrs):
+def course_directory(config, **attrs):
+    """nbgrader's CourseDirectory for ``config``, with ``attrs`` set on it (assignment_id...)."""
     from nbgrader.coursedir import CourseDirectory
     coursedir = CourseDirectory(config=config)
     for name, value in attrs.items():
@@ -105,7 +105,7 @@ def _course_directory(config, **attrs):
     return coursedir
 
 
-class _LogRecords(logging.Handler):
+class LogRecords(logging.Handler):
     """Keeps a converter's log records (level, message) for failure reasons and --verbose."""
 
     def __init__(self):
@@ -122,7 +122,7 @@ class _LogRecords(logging.Handler):
 
 
 @contextlib.contextmanager
-def _quiet_gradebook() -> Iterator[None]:
+def quiet_gradebook() -> Iterator[None]:
     """Silence two harmless warnings of nbgrader 0.9 with today's libraries: its gradebook makes
     SQLAlchemy 2 warn "... not in session, add operation ... will not proceed" while it creates a
     submission (which it then adds: nothing is lost), and a test cell it puts back into a
@@ -133,16 +133,16 @@ def _quiet_gradebook() -> Iterator[None]:
         yield
 
 
-def _run_converter(app) -> _LogRecords:
+def run_converter(app) -> LogRecords:
     """Start an nbgrader converter; return its log. nbgrader raises at the end of a run in which
     some submissions failed (after grading all the others): that is reported, not raised."""
     from nbgrader.converters.base import NbGraderException
-    records = _LogRecords()
+    records = LogRecords()
     app.log.addHandler(records)
     old_level = app.log.level
     app.log.setLevel(logging.INFO)
     try:
-        with _quiet_gradebook():
+        with quiet_gradebook():
             app.start()
     except NbGraderException:
         pass
@@ -161,8 +161,8 @@ def assignments_in(folder: Path) -> list[str]:
 
 
 
-def _generate_assignment(config, coursedir, *, no_database: bool,
-                         failure: str) -> tuple[_LogRecords, list[Path]]:
+def generate_assignment(config, coursedir, *, no_database: bool,
+                         failure: str) -> tuple[LogRecords, list[Path]]:
     """nbgrader generate_assignment of ``coursedir.assignment_id`` into its release directory;
     returns the log and the notebooks written, or raises RuntimeError(failure + nbgrader's errors)
     when it wrote none."""
@@ -170,7 +170,7 @@ def _generate_assignment(config, coursedir, *, no_database: bool,
     app = GenerateAssignment(coursedir=coursedir, config=config)
     app.force = True
     app.no_database = no_database
-    records = _run_converter(app)
+    records = run_converter(app)
     folder = Path(coursedir.root) / coursedir.release_directory / coursedir.assignment_id
     notebooks = sorted(folder.glob("*.ipynb"))
     if not notebooks:
@@ -179,7 +179,9 @@ def _generate_assignment(config, coursedir, *, no_database: bool,
 
 
 
-def _last_error_line(text: str) -> str:
+def last_error_line(text: str) -> str:
+    """The line of ``text`` (a traceback or a log) that says what went wrong: the last line
+    naming an error, else the last line; ANSI colours stripped."""
     from nbconvert.filters import strip_ansi
     lines = [line.rstrip() for line in strip_ansi(text).splitlines() if line.strip()]
     for line in reversed(lines):

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .nbgrader_app import (_course_directory, _generate_assignment, _prepare_environment,
+from .nbgrader_app import (course_directory, generate_assignment, prepare_environment,
                            assignments_in, course_config)
 
 MANIFEST = ".release.json"
@@ -57,10 +57,10 @@ def release(course_dir: str | os.PathLike = ".", *, release_dir: str | os.PathLi
     :class:`EditedExercises` naming the notebooks edited since the last release, unless
     ``force`` (then they are backed up first).
     """
-    _prepare_environment()
+    prepare_environment()
     config = course_config(course_dir, config_file=config_file)
     config.SaveCells.enabled = False          # no gradebook: releasing records nothing
-    coursedir = _course_directory(config)
+    coursedir = course_directory(config)
     root = Path(coursedir.root)
     source = root / coursedir.source_directory
     names = assignments_in(source)
@@ -74,7 +74,7 @@ def release(course_dir: str | os.PathLike = ".", *, release_dir: str | os.PathLi
         coursedir.release_directory = str(fresh)
         for name in names:
             coursedir.assignment_id = name
-            _generate_assignment(config, coursedir, no_database=True,
+            generate_assignment(config, coursedir, no_database=True,
                                  failure=f"release: nbgrader generated nothing for {name}")
         edited = edited_notebooks(target, fresh)
         if edited and not force:

@@ -61,9 +61,9 @@ def record(db_url: str, course_id: str, outcome: Outcome) -> None:
 
     from nbgrader.api import (Comment, Grade, Gradebook, MissingEntry, SubmittedAssignment,
                               SubmittedNotebook)
-    from .nbgrader_app import _quiet_gradebook
+    from .nbgrader_app import quiet_gradebook
 
-    with _quiet_gradebook(), Gradebook(db_url, course_id) as gb:
+    with quiet_gradebook(), Gradebook(db_url, course_id) as gb:
         gb.update_or_create_student(outcome.student)
         db = gb.db
         try:
@@ -144,8 +144,8 @@ def cell_reason(cell, *, memory_limit_mb: int, cell_timeout: int | None) -> str:
         return "output cap: the cell printed more than the grader keeps (output cut short)"
     for o in outputs:
         if o.get("output_type") == "stream" and o.get("name") == "stderr":
-            from .nbgrader_app import _last_error_line      # the learner's check says the same
-            return "wrote to stderr: " + _last_error_line(str(o.get("text", "")))[:300]
+            from .nbgrader_app import last_error_line      # the learner's check says the same
+            return "wrote to stderr: " + last_error_line(str(o.get("text", "")))[:300]
     return ""
 
 
@@ -187,7 +187,7 @@ class GradeRow:
     reasons: str = ""    # why points were lost, "; "-separated
 
 
-def _gradebook_rows(coursedir, status: dict[tuple[str, str], str],
+def gradebook_rows(coursedir, status: dict[tuple[str, str], str],
                     reasons: dict[tuple[str, str], str] | None = None) -> list[GradeRow]:
     """Every submission in the gradebook (this run's and earlier ones), plus the submissions of
     unknown assignments, sorted by assignment and student. Reasons of earlier runs are read from

@@ -67,9 +67,10 @@ wall clock alone, with a warning. The learner's ``course-check`` (nbgrader's val
 code on their own machine) uses the sandbox where bwrap works and runs without it, with a warning,
 where it does not (``sandbox = 'required'`` makes it refuse too).
 
-What happened to each kernel (started unsandboxed; stopped at the wall clock, past its memory or
-past its disk) is appended to :data:`EVENTS`, which the grader reads to explain a failure
-(:func:`stop_reason`).
+What happened to a kernel (started unsandboxed; stopped at the wall clock, past its memory or
+past its disk) is an event (:func:`stopped_event`) kept by its kernel manager (``events``) and,
+when ``events_file`` is set, appended to that file: the grader's worker sets it to its job's
+folder and reads it back (:func:`read_events`) to explain a failure (:func:`stop_reason`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import re
@@ -135,12 +137,6 @@ WATCH_INTERVAL_S = 0.25
 """How often the watchdog checks a sandbox (wall clock, memory, connection folder)."""
 CGROUP_PREFIX = "course-kernel-"
 
-EVENTS: list[dict] = []
-"""One dict per notable thing that happened to a kernel, appended by the kernel managers of this
-process: ``{"kind": "unsandboxed", "reason": ..}``, and the sandbox stopped by a limit, with a
-readable ``message`` (see :data:`STOPPED`): ``{"kind": "timeout", "seconds": ..}``,
-``{"kind": "memory", "limit_mb": .., "how": ..}``, ``{"kind": "disk", "limit_mb": ..}``."""
-
 STOPPED = {
     "timeout": "timeout: the notebook ran past {seconds} s and its sandbox was killed",
     "memory": "memory: the notebook's kernel went past its {limit_mb} MiB (everything its "
@@ -153,13 +149,26 @@ STOPPED = {
 
 
 def stopped_event(kind: str, **fields) -> dict:
-    """An EVENTS entry for a sandbox stopped by a limit: kind, fields and message."""
+    """The event of a sandbox stopped by a limit: kind, fields and a readable message.
+
+    Events are dicts: ``{"kind": "unsandboxed", "reason": ..}``, and, with ``message`` (see
+    :data:`STOPPED`), ``{"kind": "timeout", "seconds": ..}``, ``{"kind": "memory",
+    "limit_mb": .., "how": ..}``, ``{"kind": "disk", "limit_mb": ..}``."""
     return {"kind": kind, **fields, "message": STOPPED[kind].format(**fields)}
 
 
-def stop_reason(events: list[dict] | None = None) -> str | None:
-    """The message of the first limit that stopped a kernel (EVENTS by default), or None."""
-    stopped = [e for e in (EVENTS if events is None else events) if e["kind"] in STOPPED]
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """The events a kernel manager appended to ``path`` (one JSON object per line; none if the
+    file is absent)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def stop_reason(events: list[dict]) -> str | None:
+    """The message of the first limit that stopped a kernel, or None."""
+    stopped = [e for e in events if e["kind"] in STOPPED]
     return stopped[0]["message"] if stopped else None
 
 
@@ -559,12 +568,29 @@ class SandboxedKernelManager(AsyncKernelManager):
                     "notebook's folder) when bwrap cannot start. Only for trusted notebooks: "
                     "their code can then read and change everything the grader can."
     ).tag(config=True)
+    events_file = Unicode(
+        "", help="A file to append each kernel's events to, one JSON object per line (the "
+                 "grader's worker sets it in its job's folder and reads it back); unset, the "
+                 "events stay on the kernel manager (events).").tag(config=True)
     sandbox = Unicode(
         "autograde", help="When a kernel must run in the sandbox: 'autograde' (default): when "
                           "nbgrader autogrades (NBGRADER_EXECUTION=autograde), else only if bwrap "
                           "works (the learner's own check of their own code on their machine); "
                           "'required': always; 'if-available': never required."
     ).tag(config=True)
+
+    @property
+    def events(self) -> list[dict]:
+        """What happened to this manager's kernels (see :func:`stopped_event`), oldest first."""
+        if not hasattr(self, "_events"):
+            self._events: list[dict] = []
+        return self._events
+
+    def _record(self, event: dict) -> None:
+        self.events.append(event)
+        if self.events_file:
+            with open(self.events_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps(event) + "\n")
 
     def _required(self) -> bool:
         if self.sandbox == "autograde":
@@ -580,10 +606,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         if problem is None:
             return True
         if self.unsandboxed_trusted or not self._required():
-            if not any(e["kind"] == "unsandboxed" for e in EVENTS):   # once per process
+            if not any(e["kind"] == "unsandboxed" for e in self.events):   # once per manager
                 print(f"warning: running notebooks WITHOUT the sandbox: {problem}",
                       file=sys.stderr, flush=True)
-            EVENTS.append({"kind": "unsandboxed", "reason": problem})
+            self._record({"kind": "unsandboxed", "reason": problem})
             return False
         raise SandboxUnavailable(
             f"cannot grade in a sandbox: {problem}. Grading untrusted notebooks without one "
@@ -693,7 +719,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             if self._stopped:
                 return
             self._stopped = True
-        EVENTS.append(event)
+        self._record(event)
         self.log.error("%s", event["message"])
         if self._process is not None and self._process.poll() is None:
             _kill_tree(self._process.pid)

@@ -1,16 +1,15 @@
 """The trusted verdicts: each test cell is judged outside the learner's kernel.
 
 A submission's kernel only publishes records (``llmcheck.cases``: outputs, aten ops reached,
-the inputs' digest, tamper canaries). :class:`Verdicts` (an nbgrader preprocessor after Execute)
-compares them with the records of the instructor's solution notebook, run once in a fresh kernel,
-and turns every cell whose records do not hold up into a failed cell with a reason
+the inputs' digest, tamper canaries). :class:`course.grading.plugins.Verdicts` (an nbgrader
+preprocessor after Execute) compares them with the records of the instructor's solution notebook,
+run once in a fresh kernel, and turns every cell whose records do not hold up into a failed cell with a reason
 (course/grading/VERDICTS.md). This module imports nbgrader only inside functions.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import os
@@ -303,9 +302,9 @@ def expected_records(source: Path, config, cache_dir: Path | None,
 
 def _run_solution(source: Path, config, secret: str) -> dict[str, list[dict]]:
     import nbformat
-    from .limits import bounded_execute
+    from .plugins import BoundedExecute
     nb = nbformat.read(str(source), as_version=4)
-    execute = bounded_execute()(config=config)
+    execute = BoundedExecute(config=config)
     execute.grade_secret = secret
     with tempfile.TemporaryDirectory(prefix="solution-run-") as folder:
         nb, _ = execute.preprocess(nb, {"metadata": {"path": folder}})
@@ -381,46 +380,3 @@ def show_stderr_unscored(cell) -> None:
         if out.get("output_type") == "stream" and out.get("name") == "stderr":
             out["name"] = "stdout"
             out["text"] = WARNING_PREFIX + out.get("text", "")
-
-
-@functools.cache
-def verdicts_preprocessor() -> type:
-    """The nbgrader preprocessor (built on first use, so that importing this module does not
-    import nbgrader)."""
-    from nbgrader.coursedir import CourseDirectory
-    from nbgrader.preprocessors import NbGraderPreprocessor
-    from traitlets import Unicode
-
-    class Verdicts(NbGraderPreprocessor):
-        """Judge every test cell's records against the solution notebook's (after Execute)."""
-
-        cache_dir = Unicode(
-            "", help="Folder for the solution notebooks' records (cached by content); default: "
-                     "$COURSE_VERDICTS_CACHE, else .verdicts/ in the course root (parallel "
-                     "workers in scratch courses share one by setting either)").tag(config=True)
-
-        def preprocess(self, nb, resources):
-            info = resources.get("nbgrader", {})
-            coursedir = CourseDirectory(config=self.config)
-            folder = Path(coursedir.format_path(coursedir.source_directory, ".",
-                                                info["assignment"]))
-            source = folder / f"{info['notebook']}.ipynb"
-            if not source.is_file():
-                raise RuntimeError(f"verdicts: no solution notebook {source} to judge against")
-            cache = Path(self.cache_dir or os.environ.get("COURSE_VERDICTS_CACHE")
-                         or Path(coursedir.root) / ".verdicts")
-            expected = expected_records(source, self.config, cache / info["assignment"])
-            verdicts = judge_notebook(nb, expected, instructor_test_sources(source))
-            resources.setdefault("verdicts", {}).update(
-                {k: asdict(v) for k, v in verdicts.items()})
-            return nb, resources
-
-    Verdicts.__name__ = Verdicts.__qualname__ = "Verdicts"
-    return Verdicts
-
-
-def __getattr__(name: str):
-    """``course.grading.verdicts.Verdicts`` (as nbgrader_config.py names it) builds the class."""
-    if name == "Verdicts":
-        return verdicts_preprocessor()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
