@@ -1,5 +1,5 @@
-"""Input checks shared by the figure modules: numbers to draw, labels to write, and the grid
-of panels a figure lays out."""
+"""Shared by the figure modules: input checks (numbers to draw, labels to write), the grid of
+panels a figure lays out, and the finish of a line chart's axes."""
 
 from __future__ import annotations
 
@@ -47,3 +47,23 @@ def panel_grid(count: int, ncols: object) -> tuple[int, int]:
         raise ValueError(f"ncols: expected a positive int, got {ncols!r}")
     cols = min(ncols, count)
     return math.ceil(count / cols), cols
+
+
+def finish_axes(ax, *, xlabel: str, ylabel: str, title: str | None = None, logx: bool = False,
+                logy: bool = False, legend: bool = True):
+    """Scales (log2 x with plain numbers 16, 32, ... rather than 2^4; log10 y), labels, title,
+    legend and a light grid of a line chart; returns ``ax``."""
+    from matplotlib.ticker import ScalarFormatter
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if legend:
+        ax.legend(fontsize="small")
+    ax.grid(True, which="major", alpha=0.3)
+    return ax

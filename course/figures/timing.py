@@ -28,7 +28,8 @@ from typing import Callable, Mapping, Sequence
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+
+from .common import finish_axes
 
 Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
 """label -> (sizes, values): one line per label."""
@@ -103,18 +104,7 @@ def plot_series(series: Series, *, xlabel: str, ylabel: str, ax: Axes | None = N
     ax = _new_axes(ax, (5.0, 3.6))
     for index, (label, (sizes, values)) in enumerate(data.items()):
         ax.plot(sizes, values, marker=MARKERS[index % len(MARKERS)], markersize=4, label=label)
-    if logx:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())      # 16, 32, ... rather than 2^4, 2^5
-    if logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize="small")
-    return ax
+    return finish_axes(ax, xlabel=xlabel, ylabel=ylabel, title=title, logx=logx, logy=logy)
 
 
 def plot_times(times: Series, *, xlabel: str = "n (tokens)", ax: Axes | None = None,

@@ -1,6 +1,6 @@
-"""The grader's command line: ``python -m course.grading {release,edition,check,grade}``, and the
-entry points ``course-release``, ``course-edition``, ``course-check`` (learners) and
-``course-grade`` (instructors)."""
+"""The grader's command line: ``python -m course.grading {release,edition,check,grade,scaffold,
+mutation-check}``, and the entry points ``course-release``, ``course-edition``, ``course-check``
+(learners) and ``course-grade`` (instructors)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from .authoring import mutation_check, read_mutants, scaffold
 from .check import check, format_report
 from .grade import grade
 from .edition import learner_edition
@@ -66,40 +67,92 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="where the sandbox (bubblewrap) cannot start, run kernels without it: "
                         "ONLY for trusted submissions")
 
+    p = commands.add_parser("scaffold", help="start a new graded exercise: write "
+                                             "solutions/ASSIGNMENT/NOTEBOOK.ipynb from a small "
+                                             "complete template (course/grading/AUTHORING.md)")
+    p.add_argument("assignment", help="the new assignment's folder name, e.g. 12_row_dots")
+    p.add_argument("--notebook", default=None,
+                   help="the notebook's name without .ipynb (default: the assignment's name "
+                        "without its leading number)")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
+
+    p = commands.add_parser("mutation-check",
+                            help="grade wrong solutions (files of answer cells, MUTANTS/*.py) "
+                                 "against an assignment's hidden tests; fails when one keeps "
+                                 "full marks")
+    p.add_argument("assignment", help="the assignment folder in solutions/")
+    p.add_argument("mutants", help="a folder of mutant files, each '# %% [grade_id]' + code")
+    p.add_argument("--course-dir", default=".", help="course root (default: .)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="submissions graded at once (default: the number of cores)")
+    p.add_argument("--unsandboxed-trusted", action="store_true",
+                   help="where the sandbox cannot start, run kernels without it (your own "
+                        "mutants are trusted code)")
+
     args = parser.parse_args(argv)
     try:
-        if args.command == "release":
-            for path in release(args.course_dir, release_dir=args.release_dir,
-                                force=args.force):
-                print(f"wrote {path}")
-            return 0
-        if args.command == "edition":
-            written = learner_edition(args.course_dir, args.out)
-            print(f"wrote the learner edition ({len(written)} files) to {Path(args.out).resolve()}")
-            return 0
-        if args.command == "check":
-            report = check(args.notebook, timeout=args.timeout)
-            print(format_report(report))
-            return 0 if report.ok else 1
-        run = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
-                    timeout=args.timeout, force=args.force, assignments=args.assignment,
-                    feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
-                    verbose=args.verbose, workers=args.workers,
-                    notebook_timeout=args.notebook_timeout,
-                    unsandboxed_trusted=args.unsandboxed_trusted)
-        rows = run.rows
-        width = max([len(r.student) for r in rows] + [7])
-        for r in rows:
-            print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} "
-                  f"{r.status}")
-        course = Path(args.course_dir).resolve()
-        print(f"grades: {Path(args.csv) if args.csv else course / GRADES_CSV}; "
-              f"feedback: {course / 'feedback'}")
-        print(run.summary())
-        return 0
+        return COMMANDS[args.command](args)
     except (FileNotFoundError, FileExistsError, RuntimeError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _release(args) -> int:
+    for path in release(args.course_dir, release_dir=args.release_dir, force=args.force):
+        print(f"wrote {path}")
+    return 0
+
+
+def _edition(args) -> int:
+    written = learner_edition(args.course_dir, args.out)
+    print(f"wrote the learner edition ({len(written)} files) to {Path(args.out).resolve()}")
+    return 0
+
+
+def _check(args) -> int:
+    report = check(args.notebook, timeout=args.timeout)
+    print(format_report(report))
+    return 0 if report.ok else 1
+
+
+def _grade(args) -> int:
+    run = grade(args.course_dir, gradebook=args.gradebook, csv_path=args.csv,
+                timeout=args.timeout, force=args.force, assignments=args.assignment,
+                feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
+                verbose=args.verbose, workers=args.workers,
+                notebook_timeout=args.notebook_timeout,
+                unsandboxed_trusted=args.unsandboxed_trusted)
+    rows = run.rows
+    width = max([len(r.student) for r in rows] + [7])
+    for r in rows:
+        print(f"{r.assignment:<16} {r.student:<{width}} {r.score:>5g} / {r.max_score:<4g} "
+              f"{r.status}")
+    course = Path(args.course_dir).resolve()
+    print(f"grades: {Path(args.csv) if args.csv else course / GRADES_CSV}; "
+          f"feedback: {course / 'feedback'}")
+    print(run.summary())
+    return 0
+
+
+def _scaffold(args) -> int:
+    path = scaffold(args.course_dir, args.assignment, notebook=args.notebook)
+    print(f"wrote {path}\nedit it, then: python -m course.grading release --course-dir "
+          f"{args.course_dir}; python -m course.grading mutation-check {args.assignment} "
+          "MUTANTS_FOLDER")
+    return 0
+
+
+def _mutation_check(args) -> int:
+    report = mutation_check(args.course_dir, args.assignment, read_mutants(args.mutants),
+                            timeout=args.timeout, workers=args.workers,
+                            unsandboxed_trusted=args.unsandboxed_trusted)
+    print(report.format())
+    return 0 if report.ok else 1
+
+
+COMMANDS = {"release": _release, "edition": _edition, "check": _check, "grade": _grade,
+            "scaffold": _scaffold, "mutation-check": _mutation_check}
 
 
 def release_main() -> None:
