@@ -37,7 +37,10 @@ INIT_STD = 0.02
 
 @dataclass(frozen=True)
 class LlamaConfig(DecoderSizes):
-    """Sizes of a Llama. d_ff defaults to Llama's 8/3 d_model rounded up to a multiple of 8."""
+    """Sizes of a Llama. d_ff defaults to 8/3 d_model rounded up to a multiple of 8: llmcore's
+    default for small models, not Meta's rule (which rounds up to a multiple of 256 in Llama 2 7B
+    and 13B, and multiplies by 1.3 first, then rounds up to 1024 or 4096, in Llama 2 70B and
+    Llama 3: chapter 11). rope_base: 10000 as in Llama 1-2; Llama 3 uses 500000."""
 
     rms_eps: float = RMS_EPS
     rope_base: float = ROPE_BASE

@@ -1,14 +1,16 @@
 """Rotary position embeddings (RoPE): turn pairs of query/key features by position-dependent angles.
 
 A query or key row of d_head features is cut into d_head / 2 pairs; pair i is turned by the angle
-position * theta_i, with theta_i = base^(-2i / d_head) (base 10000): the first pairs spin fast,
-the last ones slowly. Rotations compose, so the score of a query at position p and a key at
+position * theta_i, with theta_i = base^(-2i / d_head) (base 10000 in RoFormer and Llama 1-2,
+500000 in Llama 3): the first pairs spin fast, the last ones slowly. Rotations compose, so the score of a query at position p and a key at
 position s, (R_p q) . (R_s k) = q . R_{s - p} k, depends only on s - p: relative position.
 
 Pairing convention: Hugging Face's Llama pairs feature i with feature i + d_head / 2 (its
 ``rotate_half``); the RoFormer paper pairs neighbours (2i, 2i + 1). Both are the same rotation
 after a fixed permutation of the features (:func:`interleaved_order`), which converted checkpoints
-fold into the rows of w_q and w_k. llmcore uses the half-split pairing, so its numbers equal HF's.
+fold into w_q and w_k, within each head: into their columns in the book's (in, out) convention,
+the rows of the (out, in) ``nn.Linear`` weights that checkpoints store. llmcore uses the
+half-split pairing, so its numbers equal HF's.
 
 Three rungs, one contract: :func:`rope_loop` (one pair at a time), :func:`rope_matrix` (a
 block-diagonal rotation, up to that permutation, applied as x @ R^T) and :func:`apply_rope` (two
@@ -24,7 +26,8 @@ from torch import Tensor
 from .shapes import check_shape, check_tensor
 
 ROPE_BASE = 10000.0
-"""The base of the angle frequencies, theta_i = base^(-2i / d_head): RoFormer's and Llama 2's."""
+"""The base of the angle frequencies, theta_i = base^(-2i / d_head): RoFormer's and Llama 1-2's
+(Llama 3 uses 500000: pass ``base``, or ``LlamaConfig(rope_base=...)``)."""
 
 
 def _check_d_head(d_head: int) -> None:
@@ -156,8 +159,9 @@ def apply_rope(x: Tensor, positions: Tensor,
     elementwise.
 
     x: (..., n, d_head)   positions: (n,) or (b, n) ints (b = x.shape[0])
-    -> (..., n, d_head). Costs 4 n d_head multiply-adds per row instead of
-    the matrix form's d_head^2. Chapter 11.
+    -> (..., n, d_head). Costs 2 d_head multiplies and d_head additions per
+    row (the cos/sin tables aside) instead of the matrix form's d_head^2
+    multiplies. Chapter 11.
     """
     _check_positions(x, positions)
     cos, sin = rope_tables(positions, x.shape[-1], base,
