@@ -15,7 +15,15 @@ arithmetic. This module runs the same weights with what a serving engine does in
    sees every cached key) or, with left padding, an explicit key mask (b, 1, 1, m);
 5. a static cache allocated once for prompt + new tokens, written in place; positions and masks
    are slices of tensors made once, so a step makes no per-step dtype or device copies;
-6. optionally ``torch.compile`` of the per-layer step (``compile=True``).
+6. optionally ``torch.compile`` of the per-layer step (``compile=True``);
+7. optionally fewer bytes per weight (``precision=``, chapter 13): "bf16" keeps every matrix and
+   the KV cache in bfloat16; "int8" stores the matrices as int8 with one scale per output
+   channel and runs PyTorch's weight-only int8 kernel (``aten._weight_int8pack_mm``); "int4"
+   stores the block matrices as 4-bit codes in groups along d_in and runs PyTorch's CPU int4
+   kernel (``aten._weight_int4pack_mm_for_cpu``), its head in int8. The three feed the
+   matrices bfloat16 activations (the kernels are fast only then) and keep in float32 what must
+   stay there: the residual stream, the norms (computed on it) and the embeddings; the kernels
+   accumulate their dot products and SDPA its softmax in float32.
 
 :class:`FastDecoder` is the step every decoder shares (embed, blocks, last row's logits); a
 :class:`FastGPT` or :class:`FastLlama` fills in its model's block. :class:`FastStep` is what
@@ -35,7 +43,14 @@ from torch import Tensor
 from .layout import check_attention_mask
 from .llama import Llama
 from .model import GPT
+from .quantize import INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8, unpack_int4
 from .rope import rope_tables, rotate_half
+
+PRECISIONS = ("fp32", "bf16", "int8", "int4")
+"""What ``precision=`` accepts (None: the model's own dtype and tensors)."""
+
+INT4_GROUP_SIZE = 32
+"""Rows of W per int4 scale and zero point in the fast path (d_in must be a multiple)."""
 
 
 class StaticCache:
@@ -45,20 +60,27 @@ class StaticCache:
     attention by the step's key mask). Chapter 7 (the fast path).
     """
 
-    def __init__(self, model, batch_size: int, capacity: int):
+    def __init__(self, model, batch_size: int, capacity: int, *,
+                 dtype: torch.dtype | None = None):
         c = model.config
         shape = (c.n_layers, batch_size, c.kv_heads, capacity, c.d_head)
-        self.keys = torch.empty(shape, device=model.device, dtype=model.dtype)
-        self.values = torch.empty(shape, device=model.device, dtype=model.dtype)
+        dtype = model.dtype if dtype is None else dtype          # the fast path's: fast.dtype
+        self.keys = torch.empty(shape, device=model.device, dtype=dtype)
+        self.values = torch.empty(shape, device=model.device, dtype=dtype)
         self.length = 0
 
 
-def packed_linear_available(model) -> bool:
-    """Whether the fast path can use oneDNN's prepacked matrix products for ``model``: a CPU
-    float32 model and a torch built with oneDNN (mkldnn)."""
-    return (model.device.type == "cpu" and model.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+def packed_linear_available(model, dtype: torch.dtype | None = None) -> bool:
+    """Whether the fast path can use oneDNN's prepacked matrix products for ``model`` with its
+    matrices in ``dtype`` (default: the model's): a CPU model, float32 (or bfloat16 where
+    oneDNN supports it on this CPU) and a torch built with oneDNN (mkldnn)."""
+    dtype = model.dtype if dtype is None else dtype
+    if not (model.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
 
 
 def _pack(weight: Tensor, batch_size: int, *, transposed: bool = True) -> Tensor:
@@ -78,37 +100,148 @@ def _packed_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
+class Int8Linear(NamedTuple):
+    """A (d_in, d_out) matrix as PyTorch's weight-only int8 kernel reads it: ``values``
+    (d_out, d_in) int8 (the transpose of :class:`llmcore.quantize.Int8Weight`'s) and ``scale``
+    (d_out,) in the activations' dtype."""
+
+    values: Tensor
+    scale: Tensor
+
+
+class Int4Linear(NamedTuple):
+    """A (d_in, d_out) matrix as PyTorch's CPU int4 kernel reads it: its own packing of the
+    codes (``aten._convert_weight_to_int4pack_for_cpu`` of the (d_out, d_in) codes), and per
+    group and column (scale, offset) with ``w = (code - 8) * scale + offset``, so offset =
+    (8 - zero) * scale for llmcore's ``(code - zero) * scale``."""
+
+    packed: Tensor
+    scale_and_offset: Tensor     # (d_in // group_size, d_out, 2)
+    group_size: int
+
+
+def int8_linear(weight: Tensor, dtype: torch.dtype) -> Int8Linear:
+    """weight (d_in, d_out) -> :class:`Int8Linear`: :func:`llmcore.quantize.quantize_int8`
+    laid out for ``aten._weight_int8pack_mm``, the scale in ``dtype`` (the activations')."""
+    q = quantize_int8(weight.detach())
+    return Int8Linear(q.values.t().contiguous(), q.scale.to(dtype))
+
+
+def int4_linear(weight: Tensor, dtype: torch.dtype,
+                group_size: int = INT4_GROUP_SIZE) -> Int4Linear:
+    """weight (d_in, d_out) -> :class:`Int4Linear`: :func:`llmcore.quantize.quantize_int4`
+    (with zero points) laid out for ``aten._weight_int4pack_mm_for_cpu``. The kernel wants
+    d_out a multiple of 16."""
+    d_in, d_out = weight.shape
+    if d_out % 16:
+        raise ValueError(f"int4: PyTorch's CPU kernel needs d_out divisible by 16, got a "
+                         f"({d_in}, {d_out}) matrix")
+    q = quantize_int4(weight.detach(), group_size)
+    codes = unpack_int4(q.packed).t().contiguous().to(torch.int32)            # (d_out, d_in)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    offset = (INT4_SYMMETRIC_ZERO - q.zero) * q.scale
+    return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
+
+
+def _int8_linear(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ the int8 matrix (+ b): PyTorch's weight-only int8 kernel."""
+    out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
+    return out if b is None else out.add_(b)
+
+
+def _int4_linear(x: Tensor, w: Int4Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ the int4 matrix (+ b): PyTorch's CPU int4 kernel."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group_size,
+                                                     w.scale_and_offset)
+    return out if b is None else out.add_(b)
+
+
+def tensors_of(weights) -> list[Tensor]:
+    """Every tensor in weights: a tensor, or (nested) tuples and lists of them."""
+    if isinstance(weights, Tensor):
+        return [weights]
+    if isinstance(weights, (tuple, list)):
+        return [t for part in weights for t in tensors_of(part)]
+    return []
+
+
+def check_precision(precision: str | None, model) -> None:
+    """None or one of :data:`PRECISIONS`, and a kernel for it on the model's device."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision: expected None or one of {PRECISIONS}, got {precision!r}")
+    if precision == "int4" and model.device.type not in ("cpu", "meta"):
+        raise ValueError(f"precision='int4' uses PyTorch's CPU int4 kernel; the model is on "
+                         f"{model.device}")
+
+
 class FastDecoder:
     """A decoder's weights arranged for inference, and its forward step without per-step checks.
 
     model: a :class:`llmcore.model.GPT` (:class:`FastGPT`) or a :class:`llmcore.llama.Llama`
-    (:class:`FastLlama`). The weights are the model's own tensors (no copy), so the fast path
-    sees the model's current parameters. ``compile=True`` runs each block through
-    ``torch.compile`` (the first calls pay for compilation). batch_size: the rows of a decode
-    step. From 2 rows on, a CPU float32 model's products run on oneDNN's prepacked copies of
-    each block's matrices (``w_*``) and of the output projection (``self.packed``; made here,
-    so they hold the weights of this moment: build a new one after changing the model, as
-    ``generate(..., fast=True)`` does on every call). For one row the plain ``addmm`` reads
-    the weights faster. A subclass names its block's weights (``block_weights``) and writes
-    ``embed``, ``_block`` and ``logits``. Chapter 7 (the fast path).
+    (:class:`FastLlama`). ``compile=True`` runs each block through ``torch.compile`` (the first
+    calls pay for compilation). batch_size: the rows of a decode step.
+
+    precision None (or "fp32" for a float32 model): the weights are the model's own tensors (no
+    copy), so the fast path sees the model's current parameters; from 2 rows on, a CPU float32
+    model's products run on oneDNN's prepacked copies of each block's matrices (``w_*``) and of
+    the output projection (``self.head``), made here (build a new one after changing the model,
+    as ``generate(..., fast=True)`` does on every call); for one row the plain ``addmm`` reads
+    the weights faster. "bf16", "int8", "int4": this object holds its own copies of the
+    matrices in that format (see the module's docstring), made here from the weights of this
+    moment; ``dtype`` is the matrices' activations and the KV cache's dtype (bfloat16), and
+    ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
+    (``block_weights``) and its head (``head_matrix``) and writes ``embed``, ``_block`` and
+    ``logits``. Chapters 7 and 13.
     """
 
-    def __init__(self, model, *, compile: bool = False, batch_size: int = 1):
+    def __init__(self, model, *, compile: bool = False, batch_size: int = 1,
+                 precision: str | None = None):
+        check_precision(precision, model)
         c = model.config
-        self.model, self.config = model, c
+        self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
         self.group = c.n_heads // c.kv_heads
-        self.blocks = [self.block_weights(block) for block in model.blocks]
-        self.packed = not compile and batch_size >= 2 and packed_linear_available(model)
-        self.linear = _packed_linear if self.packed else _plain_linear
-        self.head: Tensor | None = None
-        if self.packed:           # oneDNN's blocked copies, made once per generate call
-            with torch.inference_mode(False):
-                self.blocks = [weights._replace(**{
-                    name: _pack(t, batch_size) for name, t in weights._asdict().items()
-                    if name.startswith("w_")}) for weights in self.blocks]
-                self.head = self.packed_head(batch_size)
+        self.dtype = {None: model.dtype, "fp32": torch.float32}.get(precision, torch.bfloat16)
+        low = self.dtype in (torch.bfloat16, torch.float16)
+        self.stream_dtype = torch.float32 if low else self.dtype
+        self.own = precision in (None, "fp32") and self.dtype == model.dtype
+        quantized = precision in ("int8", "int4")
+        self.packed = (not compile and not quantized
+                       and packed_linear_available(model, self.dtype)
+                       and (batch_size >= 2 or self.dtype == torch.bfloat16))
+        plain = _packed_linear if self.packed else _plain_linear
+        self.linear = {"int8": _int8_linear, "int4": _int4_linear}.get(precision, plain)
+        self.head_linear = _int8_linear if quantized else plain
+        self.batch_size = batch_size
+        with torch.inference_mode(False):       # normal tensors, usable in any mode
+            self.blocks = [self.prepare_block(self.block_weights(block))
+                           for block in model.blocks]
+            self.head = (None if self.own and not self.packed
+                         else self.prepare_matrix(self.head_matrix(), head=True))
         self.block = torch.compile(self._block, dynamic=True) if compile else self._block
+
+    def prepare_matrix(self, weight: Tensor, *, head: bool = False):
+        """weight (d_in, d_out) as this object's linear reads it: the model's tensor, a cast
+        copy, oneDNN's packed copy, an :class:`Int8Linear` (int8, and the head of int4) or an
+        :class:`Int4Linear`."""
+        w = weight.detach()
+        if self.precision == "int8" or (self.precision == "int4" and head):
+            return int8_linear(w, self.dtype)
+        if self.precision == "int4":
+            return int4_linear(w, self.dtype)
+        w = w.to(self.dtype)
+        return _pack(w, self.batch_size) if self.packed else w
+
+    def prepare_block(self, weights: NamedTuple) -> NamedTuple:
+        """One block's tensors for this precision: matrices (``w_*``) by
+        :meth:`prepare_matrix`, biases (``b_*``) in ``dtype``, norm weights in
+        ``stream_dtype``; the model's own tensors when nothing changes."""
+        if self.own and not self.packed:
+            return weights
+        return weights._replace(**{
+            name: (self.prepare_matrix(t) if name.startswith("w_") else
+                   t.detach().to(self.dtype if name.startswith("b_") else self.stream_dtype))
+            for name, t in weights._asdict().items()})
 
     def step(self, tokens: Tensor, positions: Tensor, cache: StaticCache,
              mask: Tensor | None) -> Tensor:
@@ -145,17 +278,37 @@ class FastDecoder:
             q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
             is_causal=causal, enable_gqa=self.group > 1)
 
+    def head_logits(self, normed: Tensor) -> Tensor:
+        """normed: (b, d) in stream_dtype -> logits (b, v) in stream_dtype through this
+        object's head (:attr:`head`; None: the model's own (d, v) matrix,
+        :meth:`output_matrix`)."""
+        if self.head is None:
+            return normed @ self.output_matrix()                                # (b, v)
+        logits = self.head_linear(normed.to(self.dtype), self.head, None)
+        return logits.to(self.stream_dtype)                                     # (b, v)
+
     def rotation(self, positions: Tensor):
         """What the blocks need of the positions (None: they entered at the embedding)."""
         return None
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every tensor of the blocks (codes, scales,
+        norms, biases, in this object's precision) and the output projection. The embedding's
+        few rows (one per token) are not counted. Chapters 7 and 13."""
+        head = self.output_matrix() if self.head is None else self.head
+        return sum(t.numel() * t.element_size() for t in tensors_of([self.blocks, head]))
 
     # -- what each model fills in ----------------------------------------------------------
     def block_weights(self, block) -> NamedTuple:
         """One block's tensors, named (matrices ``w_*``, which may be packed)."""
         raise NotImplementedError
 
-    def packed_head(self, batch_size: int) -> Tensor:
-        """The output projection packed for oneDNN (see :func:`_pack`)."""
+    def head_matrix(self) -> Tensor:
+        """The output projection as a (d, v) matrix (a view of the model's tensor)."""
+        raise NotImplementedError
+
+    def output_matrix(self) -> Tensor:
+        """The model's own (d, v) output projection, read as it is for logits."""
         raise NotImplementedError
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -174,7 +327,7 @@ class FastDecoder:
 
 class GPTBlockWeights(NamedTuple):
     """One GPT block's tensors as the fast path reads them: the model's own parameters, or
-    oneDNN's packed copies of the matrices (``w_*``)."""
+    copies in the fast path's precision (the matrices ``w_*`` packed or quantized)."""
 
     ln_1_scale: Tensor
     ln_1_shift: Tensor
@@ -193,13 +346,17 @@ class GPTBlockWeights(NamedTuple):
 class FastGPT(FastDecoder):
     """:class:`FastDecoder` for a :class:`llmcore.model.GPT`: learned positions added at the
     embedding, LayerNorm, fused QKV with biases, GELU, and the tied output projection read from
-    a transposed copy that follows the embedding (:meth:`output_weight`). Chapter 7 (the fast
-    path)."""
+    a transposed copy that follows the embedding (:meth:`output_weight`) or from this object's
+    own head. Chapters 7 and 13."""
 
-    def __init__(self, model: GPT, *, compile: bool = False, batch_size: int = 1):
+    def __init__(self, model: GPT, *, compile: bool = False, batch_size: int = 1,
+                 precision: str | None = None):
         self.eps = model.config.ln_eps
         self._output: tuple[tuple, Tensor] | None = None     # (embedding key, its transpose)
-        super().__init__(model, compile=compile, batch_size=batch_size)
+        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision)
+        ln_f = model.ln_f
+        self.ln_f = (ln_f.scale.detach().to(self.stream_dtype),
+                     ln_f.shift.detach().to(self.stream_dtype))
 
     def block_weights(self, block) -> GPTBlockWeights:
         attention, ffn = block.attention, block.ffn
@@ -207,39 +364,44 @@ class FastGPT(FastDecoder):
                                attention.b_qkv, attention.w_o, attention.b_o, block.ln_2.scale,
                                block.ln_2.shift, ffn.w_up, ffn.b_up, ffn.w_down, ffn.b_down)
 
-    def packed_head(self, batch_size: int) -> Tensor:
-        return _pack(self.model.token_embedding, batch_size, transposed=False)
+    def head_matrix(self) -> Tensor:
+        return self.model.token_embedding.t()                                   # (d, v)
+
+    def output_matrix(self) -> Tensor:
+        return self.output_weight()
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         model = self.model
-        return F.embedding(tokens, model.token_embedding) + model.position_embedding[positions]
+        x = F.embedding(tokens, model.token_embedding) + model.position_embedding[positions]
+        return x.to(self.stream_dtype)                                          # (b, n, d)
 
     def _block(self, x: Tensor, w: GPTBlockWeights, keys: Tensor,
                values: Tensor, start: int, mask: Tensor | None,
                rotation: None) -> Tensor:
         """One block on x: (b, n, d) -> (b, n, d), its K/V rows written at
-        [start, start + n) of this layer's cache (:meth:`attend`)."""
+        [start, start + n) of this layer's cache (:meth:`attend`). The
+        residual stream x stays in stream_dtype; each matrix sees dtype."""
         b, n, d = x.shape
         rows = x.view(b * n, d)
-        normed = F.layer_norm(rows, (d,), w.ln_1_scale, w.ln_1_shift, self.eps)
+        normed = F.layer_norm(rows, (d,), w.ln_1_scale, w.ln_1_shift,
+                              self.eps).to(self.dtype)
         qkv = self.heads(self.linear(normed, w.w_qkv, w.b_qkv), b, n)
         q, k, v = qkv.split((self.h, self.h_kv, self.h_kv), dim=1)
         out = self.attend(q, k, v, keys, values, start, mask)
         out = out.transpose(1, 2).reshape(b * n, d)                   # (b n, d)
-        rows = self.linear(out, w.w_o, w.b_o).add_(rows)              # residual
-        normed = F.layer_norm(rows, (d,), w.ln_2_scale, w.ln_2_shift, self.eps)
+        rows = rows + self.linear(out, w.w_o, w.b_o)                  # residual
+        normed = F.layer_norm(rows, (d,), w.ln_2_scale, w.ln_2_shift,
+                              self.eps).to(self.dtype)
         hidden = F.gelu(self.linear(normed, w.w_up, w.b_up),
                         approximate="tanh")                           # (b n, f)
         out = self.linear(hidden, w.w_down, w.b_down)                 # (b n, d)
-        return out.add_(rows).view(b, n, d)                           # residual
+        return (rows + out).view(b, n, d)                             # residual
 
     def logits(self, last: Tensor) -> Tensor:
         """last: (b, d), the last position's residual stream -> logits (b, v)."""
-        ln_f = self.model.ln_f
-        normed = F.layer_norm(last, (self.config.d_model,), ln_f.scale, ln_f.shift, self.eps)
-        if self.head is not None:
-            return _packed_linear(normed, self.head, None)                    # (b, v)
-        return normed @ self.output_weight()                                  # (b, v)
+        scale, shift = self.ln_f
+        normed = F.layer_norm(last, (self.config.d_model,), scale, shift, self.eps)
+        return self.head_logits(normed)                                         # (b, v)
 
     def output_weight(self) -> Tensor:
         """The tied output projection as a (d, v) contiguous matrix: logits = x @ it.
@@ -263,7 +425,7 @@ class FastGPT(FastDecoder):
 
 class LlamaBlockWeights(NamedTuple):
     """One Llama block's tensors as the fast path reads them: the model's own parameters, or
-    oneDNN's packed copies of the matrices (``w_*``)."""
+    copies in the fast path's precision (the matrices ``w_*`` packed or quantized)."""
 
     attn_norm: Tensor
     w_q: Tensor
@@ -281,15 +443,17 @@ class FastLlama(FastDecoder):
     RMSNorm, RoPE on q and k (cos and sin tables made once for every position), SwiGLU, no
     biases, and the untied head ``lm_head`` (d, v) read as it is. Chapter 11."""
 
-    def __init__(self, model: Llama, *, compile: bool = False, batch_size: int = 1):
+    def __init__(self, model: Llama, *, compile: bool = False, batch_size: int = 1,
+                 precision: str | None = None):
         c = model.config
         self.eps = c.rms_eps
-        dtype = torch.float64 if model.dtype == torch.float64 else torch.float32
+        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision)
+        dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         every = torch.arange(c.max_seq_len, device=model.device)
         with torch.inference_mode(False):
             cos, sin = rope_tables(every, c.d_head, c.rope_base, dtype=dtype)
-        self.cos, self.sin = cos.to(model.dtype), sin.to(model.dtype)   # (T, d_head)
-        super().__init__(model, compile=compile, batch_size=batch_size)
+            self.norm_f = model.norm_f.weight.detach().to(self.stream_dtype)
+        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)   # (T, d_head)
 
     def block_weights(self, block) -> LlamaBlockWeights:
         attention, ffn = block.attention, block.ffn
@@ -297,11 +461,14 @@ class FastLlama(FastDecoder):
                                  attention.w_v, attention.w_o, block.ffn_norm.weight,
                                  ffn.w_gate, ffn.w_up, ffn.w_down)
 
-    def packed_head(self, batch_size: int) -> Tensor:
-        return _pack(self.model.lm_head, batch_size)
+    def head_matrix(self) -> Tensor:
+        return self.model.lm_head                                               # (d, v)
+
+    def output_matrix(self) -> Tensor:
+        return self.model.lm_head
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        return F.embedding(tokens, self.model.token_embedding)
+        return F.embedding(tokens, self.model.token_embedding).to(self.stream_dtype)
 
     def rotation(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """cos, sin: (b, 1, n, d_head) for the positions (b, n), shared by every block."""
@@ -312,7 +479,7 @@ class FastLlama(FastDecoder):
         """One block on x: (b, n, d) -> (b, n, d); keys stored already rotated."""
         b, n, d = x.shape
         rows = x.view(b * n, d)
-        normed = F.rms_norm(rows, (d,), w.attn_norm, self.eps)
+        normed = F.rms_norm(rows, (d,), w.attn_norm, self.eps).to(self.dtype)
         q, k, v = (self.heads(self.linear(normed, weight, None), b, n)
                    for weight in (w.w_q, w.w_k, w.w_v))
         cos, sin = rotation
@@ -320,27 +487,28 @@ class FastLlama(FastDecoder):
         k = k * cos + rotate_half(k) * sin
         out = self.attend(q, k, v, keys, values, start, mask)   # (b, h, n, d_head)
         out = out.transpose(1, 2).reshape(b * n, d)              # (b n, d)
-        rows = self.linear(out, w.w_o, None).add_(rows)          # residual
-        normed = F.rms_norm(rows, (d,), w.ffn_norm, self.eps)
+        rows = rows + self.linear(out, w.w_o, None)              # residual
+        normed = F.rms_norm(rows, (d,), w.ffn_norm, self.eps).to(self.dtype)
         gate = F.silu(self.linear(normed, w.w_gate, None))
         hidden = gate.mul_(self.linear(normed, w.w_up, None))    # (b n, f)
-        return self.linear(hidden, w.w_down, None).add_(rows).view(b, n, d)
+        out = self.linear(hidden, w.w_down, None)
+        return (rows + out).view(b, n, d)                        # residual
 
     def logits(self, last: Tensor) -> Tensor:
         """last: (b, d), the last position's residual stream -> logits (b, v)."""
-        normed = F.rms_norm(last, (self.config.d_model,), self.model.norm_f.weight, self.eps)
-        if self.head is not None:
-            return _packed_linear(normed, self.head, None)                    # (b, v)
-        return normed @ self.model.lm_head                                    # (b, v)
+        normed = F.rms_norm(last, (self.config.d_model,), self.norm_f, self.eps)
+        return self.head_logits(normed)                                         # (b, v)
 
 
-def fast_model(model, *, compile: bool = False, batch_size: int = 1) -> FastDecoder:
-    """The fast path's arrangement of ``model``: a :class:`FastGPT` for a GPT, a
+def fast_model(model, *, compile: bool = False, batch_size: int = 1,
+               precision: str | None = None) -> FastDecoder:
+    """The fast path's arrangement of ``model`` in ``precision`` (None, "fp32", "bf16",
+    "int8", "int4"; see :class:`FastDecoder`): a :class:`FastGPT` for a GPT, a
     :class:`FastLlama` for a Llama; any other model is refused, naming those two."""
     if isinstance(model, GPT):
-        return FastGPT(model, compile=compile, batch_size=batch_size)
+        return FastGPT(model, compile=compile, batch_size=batch_size, precision=precision)
     if isinstance(model, Llama):
-        return FastLlama(model, compile=compile, batch_size=batch_size)
+        return FastLlama(model, compile=compile, batch_size=batch_size, precision=precision)
     raise TypeError(f"the fast path serves llmcore's GPT and Llama models, got "
                     f"{type(model).__name__}")
 
@@ -384,7 +552,7 @@ class FastStep:
         total = n + max_new_tokens
         self.fast = fast
         with torch.inference_mode():
-            self.cache = StaticCache(model, b, total)
+            self.cache = StaticCache(model, b, total, dtype=fast.dtype)
             if mask is None:
                 self.positions = torch.arange(total, device=device).expand(b, total)
                 self.key_valid = self.prompt_mask = None

@@ -61,7 +61,8 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *,
                  seed: int | Sequence[int] | None = None,
                  attention_mask: Tensor | None = None,
                  cache: Cache | None = None, backend: str = "explicit",
-                 fast: bool | FastDecoder = False) -> Iterator[DecodeStep]:
+                 fast: bool | FastDecoder = False,
+                 precision: str | None = None) -> Iterator[DecodeStep]:
     """Each step's last-row logits and chosen tokens, one
     :class:`DecodeStep` at a time.
 
@@ -70,18 +71,25 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *,
     when use_cache). ``fast``: True, or a
     :class:`llmcore.fastpath.FastDecoder` of this model, steps with the
     fast path (its own static cache and fused attention: leave cache,
-    use_cache and backend alone). The request is checked here, once.
-    Chapters 6 and 7.
+    use_cache and backend alone). ``precision`` (with fast=True): the
+    fast path's weights in "fp32", "bf16", "int8" or "int4" (None: the
+    model's own; see :class:`llmcore.fastpath.FastDecoder`). The request
+    is checked here, once. Chapters 6, 7 and 13.
     """
     b, _ = check_request(model, prompt_ids, max_new_tokens)
     pick = token_picker(temperature=temperature, top_k=top_k, seed=seed,
                         b=b, device=prompt_ids.device)
+    if precision is not None and fast is not True:
+        raise ValueError(f"precision={precision!r} chooses the fast "
+                         "path's weights: pass fast=True (a FastDecoder "
+                         "given as fast has its own)")
     if fast is not False:
         if cache is not None or not use_cache or backend != "explicit":
             raise ValueError("fast=True brings its own cache and "
                              "attention: leave cache, use_cache and "
                              "backend at their defaults")
-        runner = fast_model(model, batch_size=b) if fast is True else fast
+        runner = (fast_model(model, batch_size=b, precision=precision)
+                  if fast is True else fast)
         step = FastStep(runner, model, prompt_ids, max_new_tokens,
                         attention_mask)
     elif use_cache:
@@ -101,18 +109,21 @@ def generate(model, prompt_ids: Tensor, max_new_tokens: int, *,
              eos_id: int | None = None,
              attention_mask: Tensor | None = None,
              cache: Cache | None = None, backend: str = "explicit",
-             fast: bool | FastDecoder = False) -> Tensor:
+             fast: bool | FastDecoder = False,
+             precision: str | None = None) -> Tensor:
     """Generate up to max_new_tokens after each prompt.
 
     prompt_ids: (b, n) -> (b, n + t), t <= max_new_tokens. Greedy by
     default; ``temperature``, ``top_k`` and ``seed`` sample. A sequence
     that emits ``eos_id`` stops: its later entries repeat eos_id, and
     generation ends once every sequence has stopped. ``use_cache`` and
-    ``fast`` change the speed, never the tokens. Chapters 6 and 7.
+    ``fast`` change the speed, never the tokens; ``precision`` (with
+    fast=True) reads the weights in fewer bits, which changes the logits
+    a little (chapter 13). Chapters 6 and 7.
     """
     steps = decode_steps(model, prompt_ids, max_new_tokens,
                          use_cache=use_cache, temperature=temperature,
                          top_k=top_k, seed=seed,
                          attention_mask=attention_mask, cache=cache,
-                         backend=backend, fast=fast)
+                         backend=backend, fast=fast, precision=precision)
     return collect(steps, prompt_ids, eos_id=eos_id)

@@ -14,7 +14,11 @@ carries a third running quantity, the unnormalised output ``acc = sum exp(score 
 rescaled the same way; dividing by running_sum at the end gives softmax(scores) @ v exactly.
 So attention can walk over tiles of block_q queries by block_k keys, holding one
 (block_q, block_k) tile of scores at a time (the algorithm of FlashAttention, written here in plain
-torch for reading, not for speed: the GPU kernel's gain comes from keeping tiles in on-chip memory).
+torch for reading: the GPU kernel's gain comes from keeping tiles in on-chip memory). Three choices
+keep the plain-torch loop within reach of PyTorch's fused kernel on a CPU without changing the
+algorithm: one batched product per tile for all heads (``bmm``, and ``baddbmm_`` adding into the
+running output in place), query tiles larger than key tiles (fewer Python-level steps), and
+scores in base 2 (``exp2``, cheaper than ``exp`` in torch's CPU kernels, gives the same weights).
 
 Rungs: :func:`online_softmax_loop` (one entry at a time), :func:`online_softmax` (a block of
 columns at a time), :func:`online_softmax_step` (the update both use), :func:`tiled_attention`.
@@ -34,7 +38,11 @@ from .masks import NEG_INF
 from .shapes import check_tensor
 
 DEFAULT_BLOCK = 128
-"""Default tile size (queries and keys). A (128, 128) float32 score tile is 64 KiB."""
+"""Default block of keys (and of columns for :func:`online_softmax`)."""
+
+DEFAULT_BLOCK_Q = 256
+"""Default block of queries. A (256, 128) float32 score tile is 128 KiB a head; on a CPU the
+larger tile means fewer, larger matrix products (measured in course/bench/fast.py)."""
 
 
 def _check_block(name: str, value: object) -> int:
@@ -77,7 +85,8 @@ def online_softmax_loop(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def online_softmax_step(running_max: Tensor, running_sum: Tensor,
-                        scores: Tensor, *, inplace: bool = False
+                        scores: Tensor, *, inplace: bool = False,
+                        base2: bool = False
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Fold one block of scores into a running maximum and sum.
 
@@ -89,17 +98,20 @@ def online_softmax_step(running_max: Tensor, running_sum: Tensor,
     running_sum = 0. Rows whose scores are all -inf so far keep max -inf
     and sum 0 (shifted by 0, never NaN). inplace: compute the weights in
     the scores' own memory (no second tile allocated; the caller must not
-    need the scores afterwards). Chapter 10.
+    need the scores afterwards). base2: the scores are in base 2 (already
+    multiplied by log2(e)), so exp2 stands for exp: the same weights, as
+    exp2(x log2(e)) = exp(x), and torch's exp2 is cheaper. Chapter 10.
     """
     block_max = scores.amax(dim=-1, keepdim=True)
     new_max = torch.maximum(running_max, block_max)               # (..., 1)
-    shift = torch.where(torch.isfinite(new_max), new_max,
-                        torch.zeros_like(new_max))
+    # a row with no score yet (max -inf) is shifted by 0, not by -inf
+    shift = new_max.nan_to_num(posinf=0.0, neginf=0.0)
+    exp = torch.exp2 if base2 else torch.exp
     # 0 while nothing was seen: exp(-inf - 0)
-    rescale = torch.exp(running_max - shift)
+    rescale = exp(running_max - shift)
     # masked scores -> 0
-    weights = (scores.sub_(shift).exp_() if inplace
-               else torch.exp(scores - shift))
+    weights = (exp(scores.sub_(shift), out=scores) if inplace
+               else exp(scores - shift))
     new_sum = running_sum * rescale + weights.sum(dim=-1, keepdim=True)
     return new_max, new_sum, rescale, weights
 
@@ -127,7 +139,7 @@ def online_softmax(x: Tensor, dim: int = -1, *, block: int = DEFAULT_BLOCK) -> T
 
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *,
                     causal: bool = False, mask: Tensor | None = None,
-                    block_q: int = DEFAULT_BLOCK,
+                    block_q: int = DEFAULT_BLOCK_Q,
                     block_k: int = DEFAULT_BLOCK) -> Tensor:
     """Same contract as :func:`llmcore.attention.attention`, one
     (block_q, block_k) tile at a time.
@@ -140,9 +152,11 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *,
     may attend to a key. Queries that may see no key get zeros.
     block_q, block_k: tile sizes; need not divide n or m. The largest
     intermediate is one (..., h, block_q, block_k) score tile (its weights
-    overwrite it); the running output of a query tile is accumulated in
-    place in its rows of the output, so it costs no buffer. Follows the
-    inputs' device and dtype. Chapter 10.
+    overwrite it); a query tile's running output is one (..., h, block_q,
+    d_head) tensor. Each product is one batched matrix product over B =
+    batch x h_kv (the g = h / h_kv query heads that share a K/V head are
+    stacked as rows, so K and V are never repeated). Follows the inputs'
+    device and dtype. Chapter 10.
     """
     group = check_attention_inputs(q, k, v, mask)
     block_q = _check_block("block_q", block_q)
@@ -154,39 +168,43 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *,
                          "query is one of the last n keys)")
     # a view: (..., h, n, m)
     allowed = None if mask is None else mask.expand(*q.shape[:-1], m)
-    if group > 1:             # (..., h_kv, g, n, d_head): no copy of K or V
-        q = q.unflatten(-3, (k.shape[-3], group))
-        k, v = k.unsqueeze(-3), v.unsqueeze(-3)  # (..., h_kv, 1, m, d_head)
-        if allowed is not None:                  # (..., h_kv, g, n, m)
-            allowed = allowed.unflatten(-3, (k.shape[-4], group))
-    scale = math.sqrt(d_head)
+    # scores in base 2 (exp2 for exp), 1 / sqrt(d_head) folded in too
+    q_scale = math.log2(math.e) / math.sqrt(d_head)
     offset = m - n                             # query i is token i + offset
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        # (..., tq, d_head): scaled once, not once per key tile
-        q_tile = q[..., i0:i1, :] / scale
+        tq = i1 - i0
+        # (B, g tq, d_head): scaled once, not once per key tile
+        q_tile = q[..., i0:i1, :] * q_scale
+        q_tile = q_tile.reshape(-1, group * tq, d_head)
+        acc = torch.zeros_like(q_tile)            # sum of weights x values
         running_max = torch.full((*q_tile.shape[:-1], 1), NEG_INF,
                                  dtype=q.dtype, device=q.device)
-        running_sum = torch.zeros_like(running_max)           # (..., tq, 1)
-        # (..., tq, d_head): accumulated in the output itself
-        acc = out[..., i0:i1, :].zero_()
+        running_sum = torch.zeros_like(running_max)      # (B, g tq, 1)
         key_end = min(m, i1 + offset) if causal else m   # last key seen + 1
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, m)
-            k_tile = k[..., j0:j1, :]
-            scores = q_tile @ k_tile.transpose(-2, -1)       # (..., tq, tk)
+            # (B, tk, d_head): views when K and V are contiguous
+            k_tile = k[..., j0:j1, :].reshape(-1, j1 - j0, d_head)
+            v_tile = v[..., j0:j1, :].reshape(-1, j1 - j0, d_head)
+            scores = torch.bmm(q_tile, k_tile.mT)         # (B, g tq, tk)
             if causal and j1 - 1 > i0 + offset:  # tile crosses the diagonal
                 rows = torch.arange(i0, i1, device=q.device).unsqueeze(-1)
                 cols = torch.arange(j0, j1, device=q.device)
-                scores.masked_fill_(cols > rows + offset, NEG_INF)
+                scores.unflatten(1, (group, tq)).masked_fill_(
+                    cols > rows + offset, NEG_INF)
             if allowed is not None:
-                scores.masked_fill_(~allowed[..., i0:i1, j0:j1], NEG_INF)
+                seen = allowed[..., i0:i1, j0:j1].reshape(scores.shape)
+                scores.masked_fill_(~seen, NEG_INF)
             # the weights overwrite the scores
             running_max, running_sum, rescale, weights = \
                 online_softmax_step(running_max, running_sum, scores,
-                                    inplace=True)
-            acc.mul_(rescale).add_(weights @ v[..., j0:j1, :])
+                                    inplace=True, base2=True)
+            # acc = acc * rescale + weights @ v_tile, in place
+            acc.mul_(rescale).baddbmm_(weights, v_tile)
+            del scores, weights    # free it before the next tile is made
         # rows that saw no key: 0 / tiny = 0
         acc.div_(running_sum.clamp(min=torch.finfo(q.dtype).tiny))
-    return out.flatten(-4, -3) if group > 1 else out
+        out[..., i0:i1, :] = acc.view(*q.shape[:-2], tq, d_head)
+    return out

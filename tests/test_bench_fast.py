@@ -45,6 +45,40 @@ def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
     assert report.count("(greedy tokens identical)") == 2
 
 
+def test_reports_each_precision_against_fp32_and_its_own_bound(report):
+    for b in (1, 3):
+        for p in ("bf16", "int8", "int4"):
+            assert ratio(report, f"tiny batch {b}, fast {p} / fast fp32 tokens/s") > 0
+    for p in fast.PRECISIONS:
+        assert ratio(report, f"tiny {p} decode step time / its weight-read bound") > 0
+        assert re.search(rf"^  batch  1 +{p}: fast +\d+ ", report, re.M)
+
+
+def test_precision_rows_count_fewer_bytes_for_fewer_bits():
+    model = fast.GPT(fast.TINY)
+    rows = fast.precision_rows(model, 1e10, batch=1, context=4, sizes=fast.QUICK)
+    read = {row["precision"]: row["weight_bytes"] for row in rows}
+    assert read["fp32"] == fast.weight_bytes(model) - 2 * 4 * fast.TINY.d_model   # not ln_f
+    assert 1.8 < read["fp32"] / read["bf16"] <= 2 and read["int4"] < read["int8"] < read["bf16"]
+    for row in rows:
+        assert row["bound_tokens_per_second"] == pytest.approx(1e10 / row["weight_bytes"])
+        assert row["step_over_bound"] == pytest.approx(
+            row["bound_tokens_per_second"] / row["tokens_per_second"])
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")
+def test_the_int8_peer_quantizes_every_matrix_and_keeps_the_logits_near(tmp_path):
+    model = fast.GPT(fast.TINY, seed=0).eval()
+    peers, note = fast.precision_peers(model, str(tmp_path))
+    assert f"of its {4 * fast.TINY.n_layers + 1} matrices" in note
+    ids = torch.randint(0, fast.TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids)
+        for precision, peer in peers.items():
+            got = peer(ids).logits.float()
+            assert (got - want).abs().max() <= 0.05 * want.abs().max(), precision
+
+
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")
 def test_transformers_peer_is_compared_on_the_same_weights(report):
     assert "GPT2LMHeadModel from llmcore.save_gpt2 of the same random weights" in report

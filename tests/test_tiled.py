@@ -74,6 +74,25 @@ def test_online_softmax_step_rescales_to_the_new_maximum():
                          **F64)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_online_softmax_step_in_base_2_gives_the_same_weights(inplace, rng):
+    """Scores times log2(e) with exp2 are the scores with exp: same weights, sum and rescale."""
+    x = rows_with_hard_cases(rng)
+    start_max, start_sum = torch.full((4, 1), float("-inf"), dtype=torch.float64), \
+        torch.zeros(4, 1, dtype=torch.float64)
+    first = online_softmax_step(start_max, start_sum, x[:, :4].clone())
+    first_2 = online_softmax_step(start_max, start_sum, x[:, :4] * math.log2(math.e),
+                                  base2=True, inplace=inplace)
+    second = online_softmax_step(first[0], first[1], x[:, 4:].clone())
+    second_2 = online_softmax_step(first_2[0], first_2[1], x[:, 4:] * math.log2(math.e),
+                                   base2=True, inplace=inplace)
+    for base_e, base_2 in ((first, first_2), (second, second_2)):
+        testing.assert_close(base_2[0], base_e[0] * math.log2(math.e), **F64)     # the maximum
+        for got, want in zip(base_2[1:], base_e[1:]):                    # sum, rescale, weights
+            testing.assert_close(got, want, **F64)
+    assert second_2[1][3].item() == 0.0                                # all masked: sum 0, no NaN
+
+
 # --- tiled attention == explicit attention ------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -107,6 +126,19 @@ def test_tiled_without_head_axis(rng):
     q, k, v = (testing.randn(rng, s, 4, dtype=torch.float64) for s in (5, 8, 8))   # (n, d_head)
     testing.assert_close(tiled_attention(q, k, v, causal=True, block_q=2, block_k=3),
                          attention(q, k, v, causal=True), **F64)
+
+
+def test_tiled_on_transposed_inputs(rng):
+    """q, k, v as the model's split_heads gives them, (b, n, h, d_head) transposed to
+    (b, h, n, d_head), not contiguous: the tiles are copies instead of views, the result the
+    same (grouped heads and a mask too)."""
+    q, k, v = (testing.randn(rng, 2, s, h, 5, dtype=torch.float64).transpose(1, 2)
+               for s, h in ((7, 4), (12, 2), (12, 2)))
+    mask = torch.from_numpy(rng.random((2, 1, 7, 12)) > 0.3)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    for options in (dict(causal=True), dict(mask=mask)):
+        testing.assert_close(tiled_attention(q, k, v, block_q=3, block_k=5, **options),
+                             attention(q, k, v, **options), **F64)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -149,14 +181,18 @@ def test_tiled_random_shapes_and_tiles(b, h_kv, group, n, extra, d_head, block_q
 
 
 class MatmulCounter(TorchFunctionMode):
-    """Counts the matrix products a call performs (each key tile costs two: q k^T and p v)."""
+    """Counts the matrix products a call performs (each key tile costs two: q k^T and p v), in
+    whichever form: matmul, @, bmm, baddbmm (in place or not)."""
+
+    PRODUCTS = (torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul, torch.bmm,
+                torch.Tensor.bmm, torch.baddbmm, torch.Tensor.baddbmm, torch.Tensor.baddbmm_)
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in (torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul):
+        if func in self.PRODUCTS:
             self.count += 1
         return func(*args, **(kwargs or {}))
 
