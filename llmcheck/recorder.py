@@ -229,6 +229,7 @@ PAGING = _paging_modules()
 allocator, the paged cache, the paged batch), in a learner's subclass too: for exercise 6, which
 asks for them written by hand."""
 
+
 def _generation_modules() -> tuple:
     import importlib
     return tuple(importlib.import_module(f"llmcore.{name}")
@@ -239,6 +240,28 @@ GENERATION = (*ORDINARY, "llmcore.generate", *_generation_modules())
 """No library generation: every llmcore function with generate in its name and all of llmcore's
 decoding code (the generate, decode, sampling and fast-path modules: their loops, steps and
 pickers), for exercise 4's generation loop; the ordinary families otherwise."""
+
+SAMPLING = (Allow(frozenset({*BASICS, "softmax"})), "aten.topk", "aten.kthvalue",
+            "aten.multinomial", *_generation_modules(), "numpy")
+"""No library sampling: the basic families and softmax (sorting and cumsum included); not
+torch.topk or torch.kthvalue (the k largest, or the k-th, handed over: sort instead), not
+torch.multinomial (a draw by the library's own rule, which torch.distributions reaches too), no
+matrix product nor any other op outside those families, none of llmcore's decoding code (the
+generate, decode, sampling and fast-path modules), no NumPy. For exercise 9."""
+
+
+def _quantization_modules() -> tuple:
+    import llmcore.quantize
+    return (llmcore.quantize,)
+
+
+QUANTIZATION = (Allow(frozenset({*BASICS, "product"})), "llmcore.quantize", "llmcore.pack",
+                *_quantization_modules(), "numpy")
+"""No library quantization: the basic families (round, clamp, abs, the bitwise &, | and the
+shifts are elementwise; ``.to(torch.int8)`` is creation) and matrix products; no torch
+quantization op (``torch.quantize_per_channel``, ``torch.ao``'s fake quantization, the packed
+int8/int4 matmul kernels: none is in those families), no llmcore function with quantize or pack
+in its name, nothing that llmcore.quantize defines, no NumPy. For exercise 10."""
 
 _EXEMPT_MODULES = ("llmcore.testing",)
 """llmcore modules whose functions a test may always call (they compare, they compute nothing)."""

@@ -31,7 +31,8 @@ from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, ROOT, cell_scores, ch
                        grade_class, load_data, mutants, nbgrader_meta, needs_assignment,
                        new_course, read, row_of, selected, submission, submit, submit_all)
 
-CELL_TIMEOUT = 10          # seconds; the submission that loops forever costs one of these
+CELL_TIMEOUT = 20          # seconds; the submission that loops forever costs one of these
+                           # (a first test cell pays the recorder's warm-up: a few seconds)
 
 
 

@@ -18,10 +18,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import llmcore.sampling
 from llmcheck.cases import Test as ExerciseTest
 from llmcheck.recorder import (ATTENTIONS, AUTOGRAD, BASICS, FAMILIES, ORDINARY, PRODUCTS,
-                               SOFTMAXES, Allow, NotAllowedError, OpRecorder, Policy, forbid,
-                               op_family, storages_of)
+                               SAMPLING, SOFTMAXES, Allow, NotAllowedError, OpRecorder, Policy,
+                               forbid, op_family, storages_of)
 
 A = torch.arange(12.0).reshape(3, 4) / 10 - 0.5            # (3, 4)
 B = torch.arange(20.0).reshape(4, 5) / 10 - 1.0            # (4, 5)
@@ -489,3 +490,91 @@ def test_tiled_attention_by_tiles_stays_within_a_tile():
     assert not rec.violations and rec.largest == n * max(block, 4)
     torch.testing.assert_close(got, torch.softmax(q @ k.t(), -1) @ v)
     assert np.isfinite(got.numpy()).all()
+
+
+SAMPLING_SHORTCUTS = {
+    "topk": lambda: A.topk(2, dim=-1),
+    "kthvalue": lambda: torch.kthvalue(A, 2, dim=-1),
+    "multinomial": lambda: torch.multinomial(A.softmax(-1), 1),
+    "Categorical.sample": lambda: torch.distributions.Categorical(logits=A).sample(),
+    "llmcore.sampling.sample": lambda: llmcore.sampling.sample(
+        A, temperature=1.0, generator=torch.Generator().manual_seed(0)),
+    "llmcore.sampling.token_picker": lambda: llmcore.sampling.token_picker(
+        temperature=1.0, top_k=2, seed=0, b=3, device=None)(A),
+    "a matrix product": lambda: A @ B,
+}
+
+
+@pytest.mark.parametrize("call", list(SAMPLING_SHORTCUTS.values()), ids=list(SAMPLING_SHORTCUTS))
+def test_sampling_refuses_the_librarys_filters_and_draws(call):
+    """Exercise 9's policy: the k largest or a draw handed over by the library are refused."""
+    with pytest.raises(NotAllowedError):
+        with forbid(*SAMPLING):
+            call()
+
+
+def test_sampling_allows_sorting_cumsum_softmax_and_seeded_draws():
+    """What exercise 9's answers need: sort (not topk), cumsum, softmax, a seeded torch.rand,
+    searchsorted, argmax, scatter, masked_fill."""
+    generator = torch.Generator().manual_seed(0)
+    with forbid(*SAMPLING) as recorder:
+        probs = torch.softmax(A, dim=-1)                                       # (3, 4)
+        ordered = probs.sort(dim=-1, descending=True, stable=True)
+        kept = A.masked_fill(A < A.sort(dim=-1, descending=True).values[:, 1:2], -math.inf)
+        cumulative = probs.cumsum(dim=-1)
+        u = torch.rand(3, generator=generator)
+        drawn = torch.searchsorted(cumulative, u[:, None], right=True)
+        greedy = torch.zeros_like(A).scatter(-1, A.argmax(dim=-1, keepdim=True), 1.0)
+    assert not recorder.violations, recorder.violations
+    assert torch.equal(ordered.indices[:, 0], A.argmax(dim=-1)) and greedy.sum() == 3
+    assert torch.isfinite(kept).sum() == 6 and drawn.shape == (3, 1)
+
+
+def _quantization():
+    from llmcheck.recorder import QUANTIZATION
+    return QUANTIZATION
+
+
+def _llmcore_quantize():
+    import llmcore.quantize
+    return llmcore.quantize
+
+
+QUANTIZATION_SHORTCUTS = {
+    "torch.quantize_per_channel": lambda: torch.quantize_per_channel(
+        B, torch.ones(5, dtype=torch.float64), torch.zeros(5, dtype=torch.long), 1, torch.qint8),
+    "torch.quantize_per_tensor": lambda: torch.quantize_per_tensor(B, 0.1, 0, torch.qint8),
+    "torch.fake_quantize_per_channel_affine": lambda: torch.fake_quantize_per_channel_affine(
+        B, torch.ones(5), torch.zeros(5, dtype=torch.int32), 1, -127, 127),
+    "torch.ao FakeQuantize": lambda: torch.ao.quantization.FakeQuantize()(B),
+    "llmcore.quantize.quantize_int8": lambda: _llmcore_quantize().quantize_int8(B),
+    "llmcore.quantize.unpack_int4": lambda: _llmcore_quantize().unpack_int4(
+        torch.zeros(2, 3, dtype=torch.uint8)),
+}
+
+
+@pytest.mark.parametrize("call", list(QUANTIZATION_SHORTCUTS.values()),
+                         ids=list(QUANTIZATION_SHORTCUTS))
+def test_quantization_refuses_the_librarys_quantizers(call):
+    """Exercise 10's policy: torch's quantization ops (outside every family) and everything
+    llmcore.quantize defines are refused."""
+    with pytest.raises(NotAllowedError):
+        with forbid(*_quantization()):
+            call()
+
+
+def test_quantization_allows_rounding_bitwise_ops_integer_casts_and_products():
+    """What exercise 10's answers need: abs, amax/amin, round, clamp, where, .to(int8/uint8),
+    the bitwise &, |, <<, >> on uint8, stack/reshape, and @ for the quantized layer."""
+    with forbid(*_quantization()) as recorder:
+        scale = B.abs().amax(dim=0) / 127                                     # (5,)
+        values = torch.round(B / scale).clamp(-127, 127).to(torch.int8)       # (4, 5)
+        lo, hi = torch.aminmax(B.reshape(2, 2, 5), dim=1)                     # (2, 5)
+        step = torch.where(hi > lo, (hi - lo) / 15, torch.ones_like(hi))
+        codes = torch.round(B.reshape(2, 2, 5) / step[:, None] - lo[:, None] / step[:, None])
+        codes = codes.clamp(0, 15).reshape(4, 5).to(torch.uint8)
+        packed = codes[0::2] | (codes[1::2] << 4)                             # (2, 5)
+        unpacked = torch.stack([packed & 15, packed >> 4], dim=1).reshape(4, 5)
+        product = A @ (values.to(A.dtype) * scale)                            # (3, 5)
+    assert not recorder.violations, recorder.violations
+    assert torch.equal(unpacked, codes) and product.shape == (3, 5) and recorder.products == 1

@@ -20,9 +20,12 @@ from grading_mutants import Submission, Replace, Source, Prepend  # noqa: F401
 MATMUL, ATTENTION, MULTIHEAD, KV_CACHE = "01_matmul", "02_attention", "03_multihead", "04_kv_cache"
 BATCHING, PAGED, TILED, BACKWARD = ("05_batching", "06_paged_cache", "07_tiled_attention",
                                     "08_backward")
+SAMPLING = "09_sampling"
+QUANT = "10_quantization"
+LORA = "11_lora"
 
 FULL_MARKS = {MATMUL: 12, ATTENTION: 13, MULTIHEAD: 14, KV_CACHE: 13, BATCHING: 15, PAGED: 22,
-              TILED: 15, BACKWARD: 15}
+              TILED: 15, BACKWARD: 15, SAMPLING: 21, QUANT: 18, LORA: 15}
 """Each assignment's points (the sum over its solution notebook's test cells; the fast test checks
 this)."""
 
@@ -1906,8 +1909,674 @@ def attention_backward(q, k, v, d_out, causal=False):
 ]
 
 
+# ------------------------------------------------------------------------------------------------
+# Exercise 10: int8 per channel, int4 groups packed two per byte, a quantized linear layer
+# ------------------------------------------------------------------------------------------------
+
+QUANT_VARIANTS = [
+    honest(
+        "h10_column_loops", QUANT,
+        "quantize_int8 fills the values column by column in a Python loop (one scale per column, "
+        "guarded with an if); dequantize_int8 multiplies by scale.unsqueeze(0); the linear layer "
+        "accumulates into torch.zeros with += and slices x with narrow",
+        {"quantize_int8": Source(r'''
+def quantize_int8(w):
+    """One scale per output column, a loop over the columns."""
+    d_in, d_out = w.shape
+    values = torch.empty(d_in, d_out, dtype=torch.int8)
+    scale = torch.empty(d_out, dtype=w.dtype)
+    for j in range(d_out):
+        column = w[:, j]
+        s = column.abs().max() / 127
+        if s == 0:                      # a column of zeros
+            s = torch.ones((), dtype=w.dtype)
+        scale[j] = s
+        values[:, j] = torch.round(column / s).clamp(-127, 127).to(torch.int8)
+    return values, scale
+'''),
+         "dequantize_int8": Source(r'''
+def dequantize_int8(values, scale):
+    return values.to(scale.dtype) * scale.unsqueeze(0)        # (1, d_out) broadcast over rows
+'''),
+         "quantized_linear": Source(r'''
+def quantized_linear(x, packed, scale, zero, group):
+    n_groups, d_out = scale.shape
+    out = torch.zeros(*x.shape[:-1], d_out, dtype=x.dtype)
+    for t in range(n_groups):
+        tile = dequantize_int4(packed[t * (group // 2):(t + 1) * (group // 2)],
+                               scale[t:t + 1], zero[t:t + 1], group)    # (group, d_out)
+        out += x.narrow(-1, t * group, group) @ tile
+    return out
+''')}),
+    honest(
+        "h10_aminmax_and_arithmetic", QUANT,
+        "int8 guard with masked_fill and torch.div; int4 ranges with torch.aminmax and scales "
+        "spread to every row with repeat_interleave; packing with + and * 16, unpacking with % 16 "
+        "and // 16 into an empty tensor's even and odd rows",
+        {"quantize_int8": Source(r'''
+def quantize_int8(w):
+    scale = torch.div(w.abs().amax(dim=0), 127)
+    scale = scale.masked_fill(scale == 0, 1.0)
+    values = torch.clamp(torch.round(torch.div(w, scale)), min=-127, max=127)
+    return values.to(dtype=torch.int8), scale
+'''),
+         "quantize_int4": Source(r'''
+def quantize_int4(w, group: int):
+    d_in, d_out = w.shape
+    if d_in % group != 0:
+        raise ValueError(f"d_in = {d_in} is not a multiple of group = {group}")
+    lo, hi = torch.aminmax(w.view(d_in // group, group, d_out), dim=1)
+    scale = (hi - lo) / 15
+    scale = scale.masked_fill(scale == 0, 1.0)
+    zero = -lo / scale
+    every_row_scale = scale.repeat_interleave(group, dim=0)          # (d_in, d_out)
+    every_row_zero = zero.repeat_interleave(group, dim=0)
+    codes = torch.clamp(torch.round(w / every_row_scale + every_row_zero), 0, 15)
+    return codes.to(torch.uint8), scale, zero
+'''),
+         "pack_int4": Source(r'''
+def pack_int4(codes):
+    even, odd = codes[::2], codes[1::2]
+    return even + odd * 16                  # at most 15 + 240 = 255: fits in a uint8
+
+
+def unpack_int4(packed):
+    rows, d_out = packed.shape
+    codes = torch.empty(2 * rows, d_out, dtype=torch.uint8)
+    codes[0::2] = packed % 16
+    codes[1::2] = packed // 16
+    return codes
+'''),
+         "dequantize_int4": Source(r'''
+def dequantize_int4(packed, scale, zero, group):
+    codes = unpack_int4(packed).to(scale.dtype)
+    return (codes - zero.repeat_interleave(group, dim=0)) * scale.repeat_interleave(group, dim=0)
+''')}),
+    honest(
+        "h10_scale_outside", QUANT,
+        "the linear layer keeps the scale and the zero point outside the product, as the chapter "
+        "does: (x_g @ codes_g - rowsum(x_g) zero_g) * scale_g, summed over the groups with sum() "
+        "of a generator; unpack_int4 uses bitwise_and and bitwise_right_shift",
+        {"pack_int4": Source(r'''
+def pack_int4(codes):
+    return torch.bitwise_or(codes[0::2], torch.bitwise_left_shift(codes[1::2], 4))
+
+
+def unpack_int4(packed):
+    low = torch.bitwise_and(packed, 0x0F)
+    high = torch.bitwise_right_shift(packed, 4)
+    return torch.stack((low, high), dim=-2).flatten(0, 1)       # (r, 2, d_out) -> (2r, d_out)
+'''),
+         "quantized_linear": Source(r'''
+def group_product(x_g, packed_g, scale_g, zero_g):
+    """x_g (..., g) @ one group's tile, with the scale and the zero point outside the product."""
+    codes = unpack_int4(packed_g).to(x_g.dtype)                     # (g, d_out)
+    return (x_g @ codes - x_g.sum(dim=-1, keepdim=True) * zero_g) * scale_g
+
+
+def quantized_linear(x, packed, scale, zero, group):
+    half = group // 2
+    return sum(group_product(x[..., t * group:(t + 1) * group], packed[t * half:(t + 1) * half],
+                             scale[t], zero[t])
+               for t in range(scale.shape[0]))
+''')}),
+    honest(
+        "h10_dataclass", QUANT,
+        "a dataclass Int4Groups holds codes, scale and zero with a method per step; quantize_int4 "
+        "returns its fields as a tuple; dequantize_int4 reshapes into groups with unflatten; the "
+        "linear layer walks (x slice, bytes slice, scale row, zero row) with zip over "
+        "split/chunk; type hints; a debugging print when the cell runs",
+        {"quantize_int4": Source(r'''
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class Int4Groups:
+    codes: Tensor        # (d_in, d_out) uint8
+    scale: Tensor        # (d_in // group, d_out)
+    zero: Tensor
+
+    @classmethod
+    def of(cls, w: Tensor, group: int) -> "Int4Groups":
+        d_in, d_out = w.shape
+        if d_in % group:
+            raise ValueError(f"cannot cut d_in={d_in} rows into groups of {group}")
+        grouped = w.unflatten(0, (d_in // group, group))
+        lo = grouped.min(dim=1).values
+        hi = grouped.max(dim=1).values
+        step = (hi - lo) / 15
+        step = torch.where(hi == lo, torch.ones_like(step), step)
+        zero = -lo / step
+        codes = (grouped / step.unsqueeze(1) + zero.unsqueeze(1)).round().clamp(0, 15)
+        return cls(codes.flatten(0, 1).to(torch.uint8), step, zero)
+
+
+def quantize_int4(w: Tensor, group: int) -> tuple[Tensor, Tensor, Tensor]:
+    q = Int4Groups.of(w, group)
+    return q.codes, q.scale, q.zero
+
+
+print("quantize_int4 defined: groups of consecutive rows, zero = -lo / scale")
+'''),
+         "dequantize_int4": Source(r'''
+def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                    group: int) -> torch.Tensor:
+    codes = unpack_int4(packed)
+    grouped = codes.unflatten(0, (-1, group)).to(scale.dtype)       # (n_groups, group, d_out)
+    return ((grouped - zero.unsqueeze(1)) * scale.unsqueeze(1)).flatten(0, 1)
+'''),
+         "quantized_linear": Source(r'''
+def quantized_linear(x, packed, scale, zero, group):
+    out = None
+    pieces = zip(x.split(group, dim=-1), packed.split(group // 2, dim=0),
+                 scale.unbind(0), zero.unbind(0))
+    for x_g, bytes_g, scale_g, zero_g in pieces:
+        tile = (unpack_int4(bytes_g).to(scale_g.dtype) - zero_g) * scale_g   # (group, d_out)
+        out = x_g @ tile if out is None else out + x_g @ tile
+    return out
+''')}),
+    honest(
+        "h10_row_pairs", QUANT,
+        "the linear layer goes one byte row at a time (two weight rows), adding the outer products "
+        "x[..., i:i+1] * w_row with broadcasting, no matrix product at all; quantize_int8 keeps "
+        "the scale as a (1, d_out) row while dividing, then flattens it; pack_int4 checks that "
+        "d_in is even",
+        {"quantize_int8": Source(r'''
+def quantize_int8(w):
+    scale = w.abs().amax(dim=0, keepdim=True) / 127               # (1, d_out)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    values = (w / scale).round().clamp(-127, 127).to(torch.int8)
+    return values, scale.reshape(-1)
+'''),
+         "pack_int4": Source(r'''
+def pack_int4(codes):
+    if codes.shape[0] % 2:
+        raise ValueError(f"pack_int4: d_in must be even, got codes of shape {tuple(codes.shape)}")
+    return codes[0::2] | (codes[1::2] << 4)
+
+
+def unpack_int4(packed):
+    return torch.stack([packed & 15, packed >> 4], dim=1).reshape(-1, packed.shape[-1])
+'''),
+         "quantized_linear": Source(r'''
+def quantized_linear(x, packed, scale, zero, group):
+    out = torch.zeros(*x.shape[:-1], packed.shape[1], dtype=x.dtype)
+    for i in range(packed.shape[0]):                  # byte row i: weight rows 2i and 2i + 1
+        t = (2 * i) // group                          # both rows are in the same group
+        low = (packed[i] & 15).to(x.dtype)
+        high = (packed[i] >> 4).to(x.dtype)
+        out = out + x[..., 2 * i:2 * i + 1] * ((low - zero[t]) * scale[t])
+        out = out + x[..., 2 * i + 1:2 * i + 2] * ((high - zero[t]) * scale[t])
+    return out
+''')}),
+]
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 9: temperature, top-k, top-p, drawing with a generator, sampling
+# ------------------------------------------------------------------------------------------------
+
+SAMPLING_VARIANTS = [
+    honest(
+        "h09_row_by_row", SAMPLING,
+        "every function flattens the leading axes and loops over the rows in Python: a softmax "
+        "written out with the row maximum, top-k and top-p thresholds with torch.where, a draw "
+        "with one torch.rand call and searchsorted per row, sample with early returns",
+        {"temperature_probs": Source(r'''
+def temperature_probs(logits, temperature):
+    """softmax(logits / T) one row at a time; T = 0: one-hot at the first maximum."""
+    if temperature < 0:
+        raise ValueError(f"a temperature of {temperature} is negative: use T >= 0")
+    rows = logits.reshape(-1, logits.shape[-1])
+    out = []
+    for row in rows:
+        if temperature == 0:
+            one_hot = torch.zeros_like(row)
+            one_hot[int(row.argmax())] = 1.0
+            out.append(one_hot)
+            continue
+        scaled = row / temperature
+        exps = torch.exp(scaled - scaled.max())
+        out.append(exps / exps.sum())
+    return torch.stack(out).reshape(logits.shape)
+'''),
+         "top_k_filter": Source(r'''
+def top_k_filter(logits, k):
+    """Rows kept at or above their k-th largest logit."""
+    if k < 1:
+        raise ValueError(f"k = {k}: keep at least one token")
+    v = logits.shape[-1]
+    rows = logits.reshape(-1, v)
+    out = torch.empty_like(rows)
+    for i in range(rows.shape[0]):
+        descending = torch.sort(rows[i], descending=True).values
+        threshold = descending[min(k, v) - 1]
+        out[i] = torch.where(rows[i] >= threshold, rows[i], float("-inf"))
+    return out.reshape(logits.shape)
+'''),
+         "top_p_filter": Source(r'''
+def top_p_filter(logits, p):
+    """Each row's nucleus, found with a running total over the sorted probabilities."""
+    if p <= 0 or p > 1:
+        raise ValueError(f"p = {p} is outside (0, 1]")
+    v = logits.shape[-1]
+    rows = logits.reshape(-1, v)
+    out = torch.empty_like(rows)
+    for i in range(rows.shape[0]):
+        probs = torch.softmax(rows[i], dim=-1)
+        ordered = probs.sort(descending=True).values
+        cumulative = ordered.cumsum(dim=0)
+        n_needed = 1
+        while n_needed < v and cumulative[n_needed - 1] < p:
+            n_needed += 1
+        least = ordered[n_needed - 1]
+        out[i] = torch.where(probs >= least, rows[i], float("-inf"))
+    return out.reshape(logits.shape)
+'''),
+         "draw": Source(r'''
+def draw(logits, generator):
+    """Inverse transform, row by row, with the u of one torch.rand call."""
+    u = torch.rand(logits.shape[:-1], generator=generator, dtype=logits.dtype,
+                   device=logits.device)
+    rows = logits.reshape(-1, logits.shape[-1])
+    flat_u = u.reshape(-1)
+    tokens = []
+    for row, u_row in zip(rows, flat_u):
+        cumulative = torch.softmax(row, dim=-1).cumsum(dim=0)
+        cumulative = cumulative / cumulative[-1]
+        tokens.append(torch.searchsorted(cumulative, u_row.reshape(1), right=True)[0])
+    return torch.stack(tokens).reshape(logits.shape[:-1])
+'''),
+         "sample": Source(r'''
+def sample(logits, generator, temperature=1.0, top_k=None, top_p=None):
+    """Greedy at T = 0, else temperature, top-k, top-p and a draw."""
+    if temperature < 0:
+        raise ValueError(f"a temperature of {temperature} is negative")
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    logits = logits / temperature
+    if top_k is None and top_p is None:
+        return draw(logits, generator)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    return draw(logits, generator)
+''')}),
+    honest(
+        "h09_shift_first_and_searchsorted", SAMPLING,
+        "the logits shifted by their row maximum before the temperature, F.softmax and one_hot; "
+        "top-k's "
+        "threshold gathered from argsort, top-p's mass before each token by rolling the running "
+        "sums, the draw by searchsorted; prints what it computes and displays a table",
+        {"temperature_probs": Source(r'''
+from IPython.display import display
+
+
+def temperature_probs(logits, temperature):
+    """softmax((z - max z) / T) == softmax(z / T): a shift per row changes nothing."""
+    if temperature < 0:
+        raise ValueError("temperature must not be negative (got %s)" % temperature)
+    if temperature == 0:
+        first = torch.argmax(logits, dim=-1)
+        return torch.nn.functional.one_hot(first, logits.shape[-1]).to(logits.dtype)
+    shifted = logits - logits.max(dim=-1, keepdim=True).values
+    return torch.nn.functional.softmax(shifted / temperature, dim=-1)
+
+print("temperature_probs on (1, 2, 4) at T = 2:",
+      temperature_probs(torch.tensor([1.0, 2.0, 4.0]), 2.0))
+display({"T": [0.5, 1, 2], "note": "sharper, the model's, flatter"})
+'''),
+         "top_k_filter": Source(r'''
+def top_k_filter(logits, k):
+    if k < 1:
+        raise ValueError(f"top_k must be positive, got {k}")
+    k = min(k, logits.shape[-1])
+    order = torch.argsort(logits, dim=-1, descending=True)
+    kth = torch.gather(logits, -1, order[..., k - 1 : k])
+    print(f"top_k_filter: k = {k}, logits {tuple(logits.shape)}")
+    return torch.where(logits >= kth, logits, torch.full_like(logits, float("-inf")))
+'''),
+         "top_p_filter": Source(r'''
+def top_p_filter(logits, p):
+    if not (0 < p <= 1):
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    probs = logits.softmax(dim=-1)
+    ordered, _ = torch.sort(probs, dim=-1, descending=True)
+    cumulative = torch.cumsum(ordered, dim=-1)
+    before = cumulative.roll(1, dims=-1)
+    before[..., 0] = 0.0                      # nothing comes before the most probable token
+    needed = before < p
+    smallest = torch.where(needed, ordered, torch.full_like(ordered, 2.0)).amin(dim=-1,
+                                                                            keepdim=True)
+    return logits.masked_fill(probs < smallest, float("-inf"))
+'''),
+         "draw": Source(r'''
+def draw(logits, generator):
+    probs = logits.softmax(dim=-1)
+    cumulative = torch.cumsum(probs, dim=-1)
+    cumulative = cumulative / cumulative[..., -1:]
+    u = torch.rand(logits.shape[:-1], generator=generator, dtype=logits.dtype,
+                   device=logits.device)
+    return torch.searchsorted(cumulative.contiguous(), u[..., None].contiguous(),
+                              right=True)[..., 0]
+''')}),
+    honest(
+        "h09_helpers_and_a_pipeline", SAMPLING,
+        "a helper that masks below a threshold shared by both filters, a frozen dataclass of "
+        "settings, sample as a list of steps built with functools.partial, a warning when top_k "
+        "keeps everything",
+        {"top_k_filter": Source(r'''
+import warnings
+from dataclasses import dataclass
+from functools import partial
+
+NEG_INF = float("-inf")
+
+
+def mask_below(logits, threshold):
+    """Every logit whose score is below the row's threshold -> -inf."""
+    return logits.masked_fill(logits < threshold, NEG_INF)
+
+
+def top_k_filter(logits, k):
+    if k < 1:
+        raise ValueError(f"top_k must be at least 1, got {k}")
+    if k >= logits.shape[-1]:
+        warnings.warn(f"top_k = {k} keeps all {logits.shape[-1]} tokens")
+        return logits.clone()
+    kth = logits.sort(dim=-1, descending=True).values.narrow(-1, k - 1, 1)
+    return mask_below(logits, kth)
+'''),
+         "top_p_filter": Source(r'''
+def top_p_filter(logits, p):
+    if not 0 < p <= 1:
+        raise ValueError(f"top_p must lie in (0, 1], got {p}")
+    probs = torch.softmax(logits, dim=-1)
+    ordered = probs.sort(dim=-1, descending=True).values
+    exclusive = torch.cat([torch.zeros_like(ordered[..., :1]),
+                           ordered.cumsum(dim=-1)[..., :-1]], dim=-1)
+    count = (exclusive < p).sum(dim=-1, keepdim=True)
+    least = ordered.gather(-1, count - 1)
+    return logits.masked_fill(probs < least, NEG_INF)
+'''),
+         "sample": Source(r'''
+@dataclass(frozen=True)
+class Settings:
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def steps(self):
+        yield lambda z: z / self.temperature
+        if self.top_k is not None:
+            yield partial(top_k_filter, k=self.top_k)
+        if self.top_p is not None:
+            yield partial(top_p_filter, p=self.top_p)
+
+
+def sample(logits, generator, temperature=1.0, top_k=None, top_p=None):
+    settings = Settings(temperature, top_k, top_p)
+    if settings.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {settings.temperature}")
+    if settings.temperature == 0:
+        return logits.max(dim=-1).indices if logits.dim() > 0 else logits.argmax()
+    for step in settings.steps():
+        logits = step(logits)
+    return draw(logits, generator)
+''')}),
+    honest(
+        "h09_stable_sort_ranks", SAMPLING,
+        "ties handled by ranks: a stable sort, each token's rank scattered back, the k-th value "
+        "and the nucleus' last value read at those ranks; T = 0 as a scatter of ones; type hints",
+        {"temperature_probs": Source(r'''
+from torch import Tensor
+
+
+def temperature_probs(logits: Tensor, temperature: float) -> Tensor:
+    if temperature < 0:
+        raise ValueError(f"temperature {temperature!r} < 0")
+    if temperature == 0:
+        ones = torch.ones_like(logits[..., :1])
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), ones)
+    scaled = logits / temperature
+    shifted = scaled - scaled.amax(dim=-1, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+'''),
+         "top_k_filter": Source(r'''
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    if k < 1:
+        raise ValueError(f"top_k = {k} < 1")
+    values, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(
+        logits.shape[-1]).expand_as(order).contiguous())
+    in_top = ranks < k
+    kth = values[..., min(k, logits.shape[-1]) - 1].unsqueeze(-1)
+    keep = in_top | (logits == kth)
+    return torch.where(keep, logits, torch.tensor(float("-inf"), dtype=logits.dtype))
+'''),
+         "top_p_filter": Source(r'''
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    if p <= 0 or p > 1:
+        raise ValueError(f"top_p = {p} is not in (0, 1]")
+    probs = torch.softmax(logits, dim=-1)
+    values, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    running = values.cumsum(dim=-1)
+    needed = torch.ones_like(values, dtype=torch.bool)
+    needed[..., 1:] = running[..., :-1] < p
+    last = needed.sum(dim=-1, keepdim=True) - 1
+    least = values.gather(-1, last)
+    return torch.where(probs >= least, logits, torch.tensor(float("-inf"), dtype=logits.dtype))
+'''),
+         "draw": Source(r'''
+def draw(logits: Tensor, generator: torch.Generator) -> Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    running = probs.cumsum(dim=-1)
+    running = running / running[..., -1:]
+    u = torch.rand(logits.shape[:-1], dtype=logits.dtype, device=logits.device,
+                   generator=generator)
+    below = running <= u.unsqueeze(-1)
+    return below.long().sum(dim=-1)
+''')}),
+    honest(
+        "h09_words_and_environment", SAMPLING,
+        "docstrings that mention the exercise, torch.topk, torch.multinomial and the llmcheck "
+        "recorder; an environment variable of its own; getattr on its own helper; sample calls "
+        "temperature_probs-style division through a small class",
+        {"sample": Source(r'''
+import os
+
+os.environ["MY_SAMPLING_DEBUG"] = "0"
+
+
+class Pipeline:
+    """The exercise's order: temperature, top-k, top-p, then the draw (no torch.topk, no
+    torch.multinomial: the llmcheck recorder would refuse them, and this needs neither)."""
+
+    def __init__(self, temperature, top_k, top_p):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def filter_k(self, logits):
+        return logits if self.top_k is None else top_k_filter(logits, self.top_k)
+
+    def filter_p(self, logits):
+        return logits if self.top_p is None else top_p_filter(logits, self.top_p)
+
+    def __call__(self, logits, generator):
+        if os.environ.get("MY_SAMPLING_DEBUG") == "1":
+            print("sampling", tuple(logits.shape))
+        scaled = logits / self.temperature
+        for name in ("filter_k", "filter_p"):
+            scaled = getattr(self, name)(scaled)
+        return draw(scaled, generator)
+
+
+def sample(logits, generator, temperature=1.0, top_k=None, top_p=None):
+    """Exercise 9, part 5."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return Pipeline(temperature, top_k, top_p)(logits, generator)
+''')}),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 11: LoRA's forward, merge and backward
+# ------------------------------------------------------------------------------------------------
+
+LORA_VARIANTS = [
+    honest(
+        "h11_einsum", LORA,
+        "every product written as a two-operand einsum (x A first, then B); the shape check "
+        "compares torch.Size objects and shows lists; the merge is torch.add with alpha=",
+        {"lora_forward": Source(r'''
+def lora_forward(x, w, a, b, alpha):
+    """x W + (alpha / r) (x A) B, the thin way round."""
+    if a.shape[0] != w.shape[0] or b.shape != torch.Size([a.shape[1], w.shape[1]]):
+        raise ValueError(f"shapes do not fit: w {list(w.shape)}, a {list(a.shape)}, "
+                         f"b {list(b.shape)}")
+    thin = torch.einsum("...i,ir->...r", x, a)
+    return torch.einsum("...i,io->...o", x, w) + alpha / a.shape[1] * torch.einsum(
+        "...r,ro->...o", thin, b)
+'''),
+         "lora_merge": Source(r'''
+def lora_merge(w, a, b, alpha):
+    """W + (alpha / r) A B; torch.add makes a new tensor."""
+    return torch.add(w, torch.einsum("ir,ro->io", a, b), alpha=alpha / a.shape[1])
+'''),
+         "lora_backward": Source(r'''
+def lora_backward(x, a, b, d_out, alpha):
+    """dA and dB by einsum; the ellipsis sums over every leading axis."""
+    s = alpha / a.shape[1]
+    h = torch.einsum("...i,ir->...r", x, a)
+    db = s * torch.einsum("...r,...o->ro", h, d_out)
+    dh = s * torch.einsum("...o,ro->...r", d_out, b)
+    da = torch.einsum("...i,...r->ir", x, dh)
+    return da, db
+''')}),
+    honest(
+        "h11_linear_rule_helper", LORA,
+        "chapter 12's rule as a typed helper, linear_grads(x, w, g) -> (dx, dw), applied twice; "
+        "a small frozen dataclass holds the adapter's sizes and raises the shape error",
+        {"lora_forward": Source(r'''
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AdapterSizes:
+    d_in: int
+    d_out: int
+    rank: int
+
+    @classmethod
+    def of(cls, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> "AdapterSizes":
+        sizes = cls(w.shape[0], w.shape[1], a.shape[1])
+        if tuple(a.shape) != (sizes.d_in, sizes.rank) or \
+                tuple(b.shape) != (sizes.rank, sizes.d_out):
+            raise ValueError(f"A {tuple(a.shape)} and B {tuple(b.shape)} cannot adapt "
+                             f"W {tuple(w.shape)}")
+        return sizes
+
+
+def lora_forward(x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                 alpha: float) -> torch.Tensor:
+    sizes = AdapterSizes.of(w, a, b)
+    low = x @ a                                   # (..., n, r)
+    return x @ w + (alpha / sizes.rank) * (low @ b)
+'''),
+         "lora_backward": Source(r'''
+def linear_grads(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor):
+    """y = x w, rows are tokens: dx = g w^T, dw = x^T g."""
+    return g @ w.T, x.T @ g
+
+
+def lora_backward(x, a, b, d_out, alpha):
+    rows = x.reshape(-1, a.shape[0])
+    g = d_out.reshape(-1, b.shape[1]) * (alpha / a.shape[1])
+    d_h, d_b = linear_grads(rows @ a, b, g)       # through H B
+    _, d_a = linear_grads(rows, a, d_h)           # through X A (its dx is not needed)
+    return d_a, d_b
+''')}),
+    honest(
+        "h11_loops_over_sequences", LORA,
+        "the backward adds up each sequence's gradients in a Python loop (same products, one "
+        "sequence at a time); the merge clones w and adds in place; prints while debugging",
+        {"lora_merge": Source(r'''
+def lora_merge(w, a, b, alpha):
+    merged = w.clone()
+    merged.add_(a @ b, alpha=alpha / a.shape[1])   # in place on the copy, never on w
+    print("merged", tuple(merged.shape))
+    return merged
+'''),
+         "lora_backward": Source(r'''
+def lora_backward(x, a, b, d_out, alpha):
+    scale = alpha / a.shape[1]
+    seqs = x.reshape(-1, x.shape[-2], x.shape[-1])          # (b, n, d_in), b = 1 for one
+    grads = d_out.reshape(-1, d_out.shape[-2], d_out.shape[-1])
+    da = torch.zeros_like(a)
+    db = torch.zeros_like(b)
+    for seq, g in zip(seqs, grads):
+        g = scale * g
+        db += (seq @ a).T @ g
+        da += seq.T @ (g @ b.T)
+    return da, db
+''')}),
+    honest(
+        "h11_transposes_and_mT", LORA,
+        "gradients computed transposed and turned back (dB = (G^T H)^T with .mT), the scale "
+        "applied at the end; the forward chains x @ a @ b left to right and checks shapes "
+        "with asserts turned into ValueError",
+        {"lora_forward": Source(r'''
+def lora_forward(x, w, a, b, alpha):
+    try:
+        assert a.shape[0] == w.shape[0], "rows"
+        assert b.shape[0] == a.shape[1] and b.shape[1] == w.shape[1], "b"
+    except AssertionError as why:
+        raise ValueError(f"lora_forward ({why}): w is {tuple(w.shape)}, a is {tuple(a.shape)}, "
+                         f"b is {tuple(b.shape)}") from None
+    return x @ a @ b * (alpha / a.shape[-1]) + x @ w
+'''),
+         "lora_backward": Source(r'''
+def lora_backward(x, a, b, d_out, alpha):
+    rows = x.flatten(0, -2)
+    g = d_out.flatten(0, -2)
+    h = rows @ a
+    db = (g.mT @ h).mT
+    da = (((g @ b.mT).mT) @ rows).mT
+    s = alpha / a.shape[-1]
+    return s * da, s * db
+''')}),
+    honest(
+        "h11_words_and_warnings", LORA,
+        "warns (warnings.warn) when B is all zero, the first step of training, where dA is 0; "
+        "words such as 'llmcheck', 'exercise' and 'autograd' in docstrings and comments",
+        {"lora_merge": Source(r'''
+def lora_merge(w, a, b, alpha):
+    """Exercise 11, part 2: no autograd and no llmcheck here, just W + s A B."""
+    return w + (alpha / a.shape[1]) * (a @ b)
+'''),
+         "lora_backward": Source(r'''
+import warnings
+
+
+def lora_backward(x, a, b, d_out, alpha):
+    """My own backward (the exercise refuses autograd; the llmcheck harness watches the ops)."""
+    if float(b.abs().sum()) == 0.0:
+        warnings.warn("B is all zero: dA will be zero at this step")
+    s = alpha / a.shape[1]
+    rows = x.reshape(-1, x.shape[-1])
+    g = s * d_out.reshape(-1, d_out.shape[-1])
+    return rows.T @ (g @ b.T), (rows @ a).T @ g
+''')}),
+]
+
+
 HONEST_VARIANTS = (MATMUL_VARIANTS + ATTENTION_VARIANTS + MULTIHEAD_VARIANTS + KV_CACHE_VARIANTS
-                   + BATCHING_VARIANTS + PAGED_VARIANTS + TILED_VARIANTS + BACKWARD_VARIANTS)
+                   + BATCHING_VARIANTS + PAGED_VARIANTS + TILED_VARIANTS + BACKWARD_VARIANTS
+                   + SAMPLING_VARIANTS + QUANT_VARIANTS + LORA_VARIANTS)
 """Every honest submission, each of which must score its assignment's full marks."""
 
 
@@ -1921,6 +2590,8 @@ WRITES = {
     "h06_prints_and_displays": {"stdout", "display"},
     "h07_warns_on_one_tile": {"warning"},
     "h08_copies_with_torch_tensor": {"warning"},
+    "h09_shift_first_and_searchsorted": {"stdout", "display"},
+    "h09_helpers_and_a_pipeline": {"warning"},
 }
 """What these variants' graded notebooks must show, since their point is that it costs nothing:
 "stdout", printed output in a test cell; "warning", a warning's text in a test cell's output

@@ -60,7 +60,8 @@ class Submission:
 ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead": "multihead",
                "04_kv_cache": "kv_cache", "05_batching": "batching",
                "06_paged_cache": "paged_cache", "07_tiled_attention": "tiled_attention",
-               "08_backward": "backward"}
+               "08_backward": "backward", "09_sampling": "sampling",
+               "10_quantization": "quantization", "11_lora": "lora"}
 """Assignment folder -> its notebook's name (without .ipynb)."""
 MATMUL, ATTENTION, MULTIHEAD, KV_CACHE, *_ = ASSIGNMENTS       # 5-8: mutants_<notebook>.py
 
