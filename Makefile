@@ -3,7 +3,7 @@
 #   make test   run every test (unit tests, the strict book build, browser and grading checks)
 # Install one audience's packages only: make learner, make instructor, make dev (README).
 # Others: make lab, make lab-instructor, make bench, make exercises, make check NB=..., make grade,
-# make learner-edition, make clean.
+# make learner-edition, make hub, make clean.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +23,7 @@ endif
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: help venv learner instructor dev book book-instructor book-cache test browser bench lab \
-	lab-instructor sandbox exercises check grade learner-edition train clean
+	lab-instructor sandbox exercises check grade learner-edition train hub clean
 
 help:
 	@sed -n '1,6p' Makefile | sed 's/^# \{0,1\}//'
@@ -74,8 +74,20 @@ book-cache:
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
-test: $(STAMP) browser sandbox book-cache
+test: $(STAMP) browser sandbox book-cache hub
 	$(BIN)/python -m pytest
+
+# The environment every JupyterHub user's server runs in (deploy/README.md, tests/test_hub.py):
+# the hub profile, from a Python every user can run, with JupyterHub's proxy from npm. Where it
+# cannot be built (no npm, no such Python) the hub test is skipped with the reason.
+HUB_ENV := $(VENV)/hub
+hub: $(HUB_ENV)/.installed
+$(HUB_ENV)/.installed: pyproject.toml requirements/constraints.txt requirements/npm.txt | $(STAMP)
+	@if command -v npm >/dev/null 2>&1; then \
+	  $(BIN)/python -m course.hub env $(HUB_ENV) $(if $(HUB_TORCH_INDEX),--torch-index $(HUB_TORCH_INDEX)) \
+	    && touch $@ \
+	    || echo "warning: the hub environment could not be built; the hub test will be skipped"; \
+	else echo "note: npm is not installed; the hub test will be skipped"; fi
 
 # $(call apt_install,COMMAND,PACKAGE,WHAT HAPPENS WITHOUT IT): install a Debian package when its
 # command is missing and we are root with apt-get; otherwise say what is lost.
@@ -97,9 +109,10 @@ sandbox:
 bench: $(VENV)/.installed-instructor
 	$(BIN)/python -m course.bench
 
-# JupyterLab on the course: chapters/*.md open as notebooks (jupytext), exercises have nbgrader's
-# Validate button. The learner's lab leaves out nbgrader's instructor tools (formgrader, Create
-# Assignment, course list); lab-instructor keeps them (course/lab.py).
+# JupyterLab on the course: chapters/*.md open as notebooks (jupytext); where nbgrader is installed
+# (instructor, hub) exercises have its Validate button, and the learner's lab leaves out its
+# instructor tools (formgrader, Create Assignment, course list); lab-instructor keeps them
+# (course/lab.py). A learner checks an exercise with course-check (make check).
 lab: $(VENV)/.installed-learner
 	$(BIN)/python -m course.lab
 

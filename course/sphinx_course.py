@@ -3,8 +3,9 @@ as an ``.ipynb`` download and says how to open it in JupyterLab, and the reposit
 address can be set when the book is built.
 
 * Download: sphinx-book-theme's download menu offers ``.ipynb`` only when a launch button
-  (Binder, JupyterHub, Colab) is configured, which an offline site has none of. This extension
-  does the same thing without one: it copies the notebook that MyST-NB writes for the page
+  (Binder, JupyterHub, Colab) is configured; a site built with none (``jupyterhub_url`` and
+  ``colab_url`` empty in _config.yml, see course/launch.py for the buttons) still offers it,
+  because this extension copies the notebook that MyST-NB writes for the page
   (``_build/jupyter_execute/<page>.ipynb``: the page's cells and kernel; MyST-NB keeps the
   outputs in its execution cache, not in this file, so the learner gets a clean notebook to run)
   next to the page's source under ``_sources/`` and names it in the page context, so the theme's

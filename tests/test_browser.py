@@ -284,3 +284,75 @@ def test_page_in_a_real_browser(browser, site, docname):
               f"({len(images)} images, {len(set(links))} links)")
     finally:
         page.close()
+
+
+# ----------------------------------------------------------- launch buttons (course/launch.py)
+
+LAUNCH_LINKS_JS = """() => Array.from(document.querySelectorAll('.dropdown-launch-buttons a[href]'))
+    .map(a => ({text: a.textContent.trim(), href: a.href}))"""
+
+
+def launch_settings() -> dict:
+    """The addresses the build used: _config.yml's launch_buttons and repository (with the
+    environment's overrides, as course.launch and course.sphinx_course apply them)."""
+    from course.launch import HUB_VARIABLE
+    from course.site import book_config
+    from course.sphinx_course import repository_url
+    config = book_config()
+    buttons = config.get("launch_buttons", {})
+    hub = os.environ[HUB_VARIABLE].strip() if HUB_VARIABLE in os.environ \
+        else buttons.get("jupyterhub_url", "")
+    return {"hub": hub, "colab": buttons.get("colab_url", ""),
+            "colab_branch": buttons.get("colab_branch") or "gh-pages",
+            "repository": repository_url(config.get("repository", {}).get("url", "")),
+            "branch": config.get("repository", {}).get("branch") or "main"}
+
+
+@pytest.mark.parametrize("docname", [p for p in PAGES if p.startswith("chapters/")])
+def test_launch_buttons_in_a_real_browser(browser, site, docname):
+    """Every chapter's launch menu, opened as a reader opens it: the JupyterHub link pulls the
+    course's repository through nbgitpuller and opens this chapter's source (a file that is in
+    the repository), the same link the instructors' command makes; the Colab link opens the
+    chapter's notebook as the site publishes it, whose first cell installs the course on Colab.
+    A button whose address _config.yml leaves empty is absent. Nothing is followed or fetched
+    from another host."""
+    import json
+
+    from course.launch import colab_cell, colab_link, nbgitpuller_link
+    from course.site import ROOT, source_of
+
+    settings = launch_settings()
+    remote = []
+    page = browser.new_page()
+    page.on("request", lambda r: None if is_local(r.url, site) else remote.append(r.url))
+    try:
+        page.goto(f"{site}/{docname}.html", wait_until="load")
+        links = {link["text"]: link["href"] for link in page.evaluate(LAUNCH_LINKS_JS)}
+        expected = {}
+        if settings["hub"]:
+            source = source_of(docname).relative_to(ROOT).as_posix()
+            expected["JupyterHub"] = nbgitpuller_link(settings["hub"], settings["repository"],
+                                                      source, branch=settings["branch"])
+        if settings["colab"]:
+            expected["Colab"] = colab_link(settings["colab"], settings["repository"], docname,
+                                           branch=settings["colab_branch"])
+        assert links == expected, f"{docname}: launch links {links}, expected {expected}"
+        if expected:
+            page.locator(".dropdown-launch-buttons button").click()
+            for text in expected:
+                item = page.locator(".dropdown-launch-buttons a", has_text=text)
+                item.wait_for(state="visible", timeout=5_000)
+        if "JupyterHub" in links:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(links["JupyterHub"]).query)
+            opened = query["urlpath"][0].split("/", 3)[3]       # lab/tree/<repository>/<path>
+            assert (ROOT / opened).is_file(), f"{docname}: the hub would open {opened}"
+        if "Colab" in links:
+            published = f"{site}/_sources/{docname}.ipynb"
+            assert status_of(published) == 200, f"{docname}: no notebook at {published}"
+            with urllib.request.urlopen(published, timeout=30) as response:
+                first = json.loads(response.read())["cells"][0]
+            assert "".join(first["source"]) == colab_cell(settings["repository"],
+                                                          settings["branch"]), first
+        assert not remote, f"{docname}: requests to other hosts: {remote}"
+    finally:
+        page.close()

@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 import torch
 
 from llmcore.device import load_average, pick_device, usable_cores
-from . import fast, inference, ops
+from . import fast, grading, inference, ops
 
 Section = Callable[..., None]
 """``run(out: TextIO, *, quick: bool, device: torch.device) -> None``."""
@@ -24,7 +24,10 @@ SECTIONS: list[tuple[str, Section]] = [
     (ops.NAME, ops.run),
     (inference.NAME, inference.run),
     (fast.NAME, fast.run),
+    (grading.NAME, grading.run),
 ]
+ON_REQUEST = {grading.NAME}
+"""Sections run only when named (a class-scale grading run takes most of an hour on 2 cores)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,12 +39,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny sizes: a smoke run of a few seconds, not a measurement")
     parser.add_argument("--section", action="append", choices=names, metavar="NAME",
                         help=f"run only this section (repeatable); one of {', '.join(names)}")
+    parser.add_argument("sections", nargs="*", metavar="SECTION",
+                        help="the same as --section SECTION (python -m course.bench grading)")
     parser.add_argument("--device", default=None,
                         help="where the torch forms run: cpu or cuda (default: cuda if present)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch.set_num_threads(N) first (default: torch's choice); 1 gives "
                              "steadier figures on a machine that other processes share")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.sections if name not in names]
+    if unknown:
+        parser.error(f"unknown section {unknown[0]!r}; expected one of {', '.join(names)}")
+    args.section = (args.section or []) + args.sections or None
+    return args
 
 
 def load_note() -> str:
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             print(f"--threads: expected a positive number, got {args.threads}", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
-    chosen = args.section or [name for name, _ in SECTIONS]
+    chosen = args.section or [name for name, _ in SECTIONS if name not in ON_REQUEST]
     start = time.perf_counter()
     threads = torch.get_num_threads()
     out.write(f"llmcore benchmark (torch {torch.__version__.split('+')[0]}, "

@@ -13,12 +13,34 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cells
 from .limits import bounded_execute
-from .nbgrader_app import last_error_line, prepare_environment, course_config, find_config
+from .nbgrader_app import last_error_line, prepare_environment, find_config
 from .review import review_evidence
 from .verdicts import learner_sources, records_of, show_stderr_unscored
 
 HIDDEN_MARK = "### BEGIN HIDDEN TESTS"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A size-capped case's memory: the largest tensor its call allocated (elements of one
+    storage, and the shape that had them) against the most the test allows (its
+    ``max_elements``, course/grading/VERDICTS.md)."""
+
+    case: str
+    elements: int
+    shape: tuple[int, ...]
+    allowed: int
+
+    def describe(self) -> str:
+        """One line for the learner: how close the case came to its cap, or how far past it."""
+        held = f"largest tensor {self.shape}, {self.elements} elements"
+        if self.elements <= self.allowed:
+            share = f"{self.elements / self.allowed:.0%} of the {self.allowed} allowed"
+        else:
+            share = f"{self.elements / self.allowed:.1f} times the {self.allowed} allowed"
+        return f"memory: {held}, {share} (case {self.case!r})"
 
 
 @dataclass(frozen=True)
@@ -30,6 +52,7 @@ class CellResult:
     score: float | None          # None: hidden tests that only run when the notebook is graded
     message: str                 # the error's last line when the cell failed, else ""
     hidden: bool                 # the cell holds hidden tests (a solution notebook's)
+    footprints: tuple[Footprint, ...] = ()   # its size-capped cases, as they ran
 
     @property
     def status(self) -> str:
@@ -109,8 +132,6 @@ def _restore_tests(nb, released) -> list[str]:
     """Put every read-only cell of the release (tests and given code) into ``nb`` in place of the
     learner's version; a deleted one is put back after its predecessor. Returns the grade_ids of
     the cells that were changed or missing."""
-    from nbgrader import utils
-
     def grade_id(cell):
         return cell.metadata.get("nbgrader", {}).get("grade_id")
 
@@ -121,7 +142,7 @@ def _restore_tests(nb, released) -> list[str]:
         gid = grade_id(cell)
         if gid is None:
             continue
-        locked = utils.is_locked(cell) or (utils.is_grade(cell) and not utils.is_solution(cell))
+        locked = cells.is_locked(cell) or (cells.is_grade(cell) and not cells.is_solution(cell))
         if gid in mine:
             index = mine[gid]
             if locked and (nb.cells[index].source != cell.source
@@ -137,58 +158,81 @@ def _restore_tests(nb, released) -> list[str]:
     return altered
 
 
+def _config(config_path: Path | None, timeout: int | None):
+    """The course's configuration (its nbgrader_config.py, read as nbgrader reads it, without
+    nbgrader) with the cell timeout if given: the executor's and the sandbox's limits."""
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+    config = Config()
+    if config_path is not None:
+        config.merge(PyFileConfigLoader(config_path.name,
+                                        path=str(config_path.parent)).load_config())
+    if timeout is not None:
+        config.Execute.timeout = int(timeout)
+    return config
+
+
+def _execute(nb, config, folder: str):
+    """``nb`` executed in a fresh kernel by the grader's bounded executor (its sandbox, preloads
+    and output cap), from ``folder``, with nbgrader's validation environment."""
+    saved = {name: os.environ.get(name) for name in ("NBGRADER_VALIDATING", "NBGRADER_EXECUTION")}
+    os.environ.update(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate")
+    try:
+        executor = bounded_execute()(config=config)
+        executed, _ = executor.preprocess(nb, {"metadata": {"path": folder}})
+        return executed
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def check(notebook: str | os.PathLike, *, timeout: int | None = None,
           config_file: str | os.PathLike | None = None) -> CheckReport:
-    """Run a notebook in a fresh kernel (nbgrader's Validator, bounded like the grader) with the
+    """Run a notebook in a fresh kernel (nbclient, with the grader's limits and sandbox) with the
     release's test cells, and report every test cell: pass or fail with its message, and the
-    points it is worth."""
+    points it is worth. Needs no nbgrader (course/grading/cells.py reads its metadata)."""
     prepare_environment()
     import tempfile
 
     import nbformat
-    from nbgrader import utils
-    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput
-    from nbgrader.validator import Validator
-    from traitlets import List
 
     path = Path(notebook).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"check: no notebook at {notebook}")
     course_file, release = _released(path)
-    config = course_config(course_file.parent if course_file else path.parent, timeout=timeout,
-                           config_file=config_file or course_file)
-
-    class Checker(Validator):
-        preprocessors = List([CheckCellMetadata, ClearOutput, bounded_execute()])
-
-        def _preprocess(self, nb):
-            self.executed = super()._preprocess(nb)
-            return self.executed
-
-    checker = Checker(config=config)
-    checker.ignore_checksums = True          # the release's cells run: nothing to compare
+    config = _config(Path(config_file) if config_file else
+                     course_file or find_config(path) or find_config(Path.cwd()), timeout)
     altered: list[str] = []
     try:
         nb = nbformat.read(str(path), as_version=4)
         if release is not None and release.resolve() != path:
             altered = _restore_tests(nb, nbformat.read(str(release), as_version=4))
+        changed = cells.type_changes(nb)
+        if changed:
+            return CheckReport(path, (), (), tuple(f"a {old} cell became {new}"
+                                                   for old, new in changed), release)
+        problems = cells.metadata_problems(nb)
+        if problems:
+            raise ValueError("the nbgrader metadata of the notebook is damaged: "
+                             + "; ".join(problems))
+        for cell in nb.cells:                      # nbconvert's ClearOutput, as nbgrader does
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
         with tempfile.TemporaryDirectory(prefix="course-check-") as folder:
-            copy = Path(folder) / path.name
-            nbformat.write(nb, str(copy))
-            found = checker.validate(str(copy))
+            nbformat.write(nb, str(Path(folder) / path.name))
+            executed = _execute(nb, config, folder)
     except Exception as error:          # the kernel died, or the notebook is not a notebook
         reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
         return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",),
                            tuple(altered), release)
-    if "type_changed" in found:
-        changed = tuple(f"a {c['old_type']} cell became {c['new_type']}"
-                        for c in found["type_changed"])
-        return CheckReport(path, (), (), changed, release)
     tests, errors = [], []
-    for index, cell in enumerate(checker.executed.cells):
+    for index, cell in enumerate(executed.cells):
         if cell.cell_type != "code":
             continue
-        if utils.is_grade(cell) and not utils.is_solution(cell):
+        if cells.is_test(cell):
             grade_id = cell.metadata.nbgrader.get("grade_id", f"cell {index}")
             hidden = HIDDEN_MARK in cell.source
             if not _code_lines(cell.source):
@@ -197,20 +241,37 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 continue
             if not any(out.get("output_type") == "error" for out in cell.outputs):
                 show_stderr_unscored(cell)       # a warning is shown, not scored
-            score, points = utils.determine_grade(cell)
+            score, points = cells.test_score(cell)
             message = _error_text(cell) if score < points else ""
             if not message:
                 message = _record_problem(cell)
             tests.append(CellResult(grade_id, points, 0.0 if message else float(score), message,
-                                    hidden))
+                                    hidden, footprints(cell)))
         else:
             message = _error_text(cell)
             if message:
                 first = (cell.source.strip().splitlines() or ["(empty)"])[0][:60]
                 errors.append(f"cell {index} ({first}): {message}")
-    evidence = review_evidence(learner_sources(checker.executed))
+    evidence = review_evidence(learner_sources(executed))
     return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release,
                        tuple(evidence))
+
+
+def footprints(cell) -> tuple[Footprint, ...]:
+    """The memory of every size-capped case a test cell ran (its records with ``max_elements``),
+    in the order they ran. The records are the learner's kernel's own: a figure to learn from,
+    which the grader decides again against the solution's."""
+    found = []
+    for record in records_of(cell):
+        options, largest = record.get("options"), record.get("largest")
+        if not isinstance(options, dict) or not isinstance(largest, dict):
+            continue
+        allowed, elements = options.get("max_elements"), largest.get("elements")
+        shape = largest.get("shape")
+        if isinstance(allowed, int) and allowed > 0 and isinstance(elements, int) \
+                and isinstance(shape, list) and all(isinstance(n, int) for n in shape):
+            found.append(Footprint(str(record.get("case", "?")), elements, tuple(shape), allowed))
+    return tuple(found)
 
 
 def _record_problem(cell) -> str:
@@ -245,6 +306,7 @@ def format_report(report: CheckReport) -> str:
         if test.message:
             message = test.message if len(test.message) < 600 else test.message[:600] + " ..."
             lines.append("          " + message.replace("\n", "\n          "))
+        lines.extend("          " + footprint.describe() for footprint in test.footprints)
     for error in report.cell_errors:
         lines.append(f"  ERROR   {error}")
     if report.review:

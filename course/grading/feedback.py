@@ -1,13 +1,15 @@
 """Feedback pages a learner may read: each test's name, points and message, never the hidden
-tests' source, and math rendered without a network (MathJax inlined from a local copy).
+tests' source, and math rendered without a network or a script.
 
 :class:`HideHiddenTests` is an nbconvert preprocessor for nbgrader's ``GenerateFeedback`` (set in
-``nbgrader_config.py``); :func:`finish_feedback_pages` replaces the CDN MathJax of nbgrader's
-feedback template by the local bundle of the ``sphinx-mathjax-offline`` package.
+``nbgrader_config.py``); :func:`finish_feedback_pages` removes the CDN MathJax of nbgrader's
+feedback template and renders every formula as MathML when the page is written (latex2mathml),
+which browsers display natively: a page stays small (an inlined MathJax made each one 2.2 MB).
 """
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -34,35 +36,133 @@ class HideHiddenTests(Preprocessor):
         return cell, resources
 
 
-_MATHJAX_BLOCK = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->",
-                            re.S)
-_MATHJAX_CONFIG = ("<script>window.MathJax = {tex: {inlineMath: [['$', '$'], ['\\\\(', '\\\\)']], "
-                   "processEscapes: true}, svg: {fontCache: 'global'}};</script>\n")
+_MATHJAX_BLOCK = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->"
+                            r"|<!-- Loading mathjax macro -->", re.S)
+_VERBATIM = re.compile(r"(<(pre|code|script|style|textarea)\b.*?</\2\s*>)", re.S | re.I)
+_TAG = re.compile(r"(<[^>]*>)")
+_MATH = re.compile(r"\$\$(?P<display>.+?)\$\$|\\\[(?P<bracket>.+?)\\\]"
+                   r"|\\\((?P<paren>.+?)\\\)|(?<![\\$])\$(?P<inline>[^$]+?)(?<!\\)\$", re.S)
+"""TeX as nbconvert leaves it in a page's Markdown: $$...$$ and \\[...\\] (display), $...$ and
+\\(...\\) (inline); an escaped \\$ is a dollar sign."""
 
 
-def local_mathjax() -> Path | None:
-    """MathJax 3's single-file SVG bundle shipped by the sphinx-mathjax-offline package (the
-    book's offline MathJax), or None if it is not installed."""
-    import sys
-    for entry in sys.path:
-        candidate = Path(entry or ".") / "sphinx-mathjax-offline" / "static" / "mathjax" / "tex-svg.js"
-        if candidate.is_file():
-            return candidate
-    return None
+def tex_to_mathml(tex: str, *, display: bool) -> str:
+    """MathML for one formula (latex2mathml), which browsers render natively: no script."""
+    from latex2mathml.converter import convert
+    return convert(tex.strip(), display="block" if display else "inline")
 
 
-def offline_math(page: str, bundle: Path | None) -> str:
-    """The page with nbgrader's CDN MathJax replaced by the inlined local bundle (or removed,
-    leaving the TeX as typed, when there is no bundle)."""
-    script = ""
-    if bundle is not None:
-        code = bundle.read_text(encoding="utf-8").replace("</script", "<\\/script")
-        script = _MATHJAX_CONFIG + f"<script>{code}</script>"
-    return _MATHJAX_BLOCK.sub(lambda _: script, page)
+def _convert_text(text: str, failures: list[str]) -> str:
+    def replace(match):
+        display = match.group("display") or match.group("bracket")
+        tex = display if display is not None else match.group("paren") or match.group("inline")
+        try:
+            return tex_to_mathml(html.unescape(tex), display=display is not None)
+        except Exception:                       # noqa: BLE001 (an unsupported macro: keep the TeX)
+            failures.append(html.unescape(tex))
+            return match.group(0)
+    return _MATH.sub(replace, text)
+
+
+def render_math(page: str) -> tuple[str, list[str]]:
+    """The page with every formula of its Markdown rendered as MathML (code, preformatted output,
+    scripts and styles untouched), and the formulas left as TeX because they could not be
+    converted."""
+    failures: list[str] = []
+    pieces = _VERBATIM.split(page)
+    out = []
+    for index, piece in enumerate(pieces):
+        if index % 3 == 2:
+            continue                            # the tag name captured by _VERBATIM
+        if index % 3 == 1:
+            out.append(piece)                   # verbatim: code, outputs, scripts, styles
+            continue
+        parts = _TAG.split(piece)
+        out.append("".join(part if i % 2 else _convert_text(part, failures)
+                           for i, part in enumerate(parts)))
+    return "".join(out), failures
+
+
+_STYLE = re.compile(r"(<style[^>]*>)(.*?)(</style>)", re.S | re.I)
+_CLASS_ATTR = re.compile(r"""\bclass\s*=\s*["']([^"']*)["']""", re.I)
+_ID_ATTR = re.compile(r"""\bid\s*=\s*["']([^"']*)["']""", re.I)
+_IGNORED_IN_SELECTOR = re.compile(r":not\([^)]*\)|\[[^\]]*\]|::?[\w-]+(\([^)]*\))?")
+
+
+def _blocks(css: str):
+    """(prelude, body) of each top-level statement of a stylesheet (comments dropped); body is
+    None for a statement without braces (@import, @charset)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    at, n = 0, len(css)
+    while at < n:
+        brace, semi = css.find("{", at), css.find(";", at)
+        if brace < 0 or (0 <= semi < brace and css[at:semi].strip().startswith("@")):
+            end = semi if semi >= 0 else n
+            if css[at:end].strip():
+                yield css[at:end].strip(), None
+            at = end + 1
+            continue
+        depth, i = 1, brace + 1
+        while i < n and depth:
+            depth += {"{": 1, "}": -1}.get(css[i], 0)
+            i += 1
+        yield css[at:brace].strip(), css[brace + 1:i - 1]
+        at = i
+
+
+def _may_match(selector: str, classes: set[str], ids: set[str]) -> bool:
+    bare = _IGNORED_IN_SELECTOR.sub("", selector)
+    return (all(c in classes for c in re.findall(r"\.([\w-]+)", bare))
+            and all(i in ids for i in re.findall(r"#([\w-]+)", bare)))
+
+
+def prune_css(css: str, classes: set[str], ids: set[str]) -> str:
+    """The rules of ``css`` that may apply to a page with these classes and ids: a rule is kept
+    when one of its selectors names only classes and ids the page has (elements, attributes and
+    pseudo-classes are assumed to match); @media blocks are pruned inside; a font face is kept
+    only for a family the kept rules use."""
+    kept = []
+    for prelude, body in _blocks(css):
+        if body is None:
+            kept.append(prelude + ";")
+        elif prelude.startswith("@media") or prelude.startswith("@supports"):
+            inner = prune_css(body, classes, ids)
+            if inner:
+                kept.append(f"{prelude}{{{inner}}}")
+        elif prelude.startswith("@"):
+            kept.append((prelude, body))
+        elif any(_may_match(s, classes, ids) for s in prelude.split(",")):
+            kept.append(f"{prelude}{{{body}}}")
+    text = "".join(k for k in kept if isinstance(k, str))
+    out = []
+    for k in kept:
+        if isinstance(k, tuple):
+            prelude, body = k
+            family = re.search(r"font-family\s*:\s*['\"]?([^;'\"]+)", body)
+            if prelude.startswith("@font-face") and family and family.group(1) not in text:
+                continue
+            out.append(f"{prelude}{{{body}}}")
+        else:
+            out.append(k)
+    return "\n".join(out)
+
+
+def prune_styles(page: str) -> str:
+    """The page with each stylesheet cut to the rules that may apply to it (nbgrader's feedback
+    template inlines all of Bootstrap 3, 117 kB, of which a page uses a few kB)."""
+    classes = {c for attr in _CLASS_ATTR.findall(page) for c in attr.split()}
+    ids = set(_ID_ATTR.findall(page))
+    return _STYLE.sub(lambda m: m.group(1) + "\n" + prune_css(m.group(2), classes, ids) + "\n"
+                      + m.group(3), page)
+
+
+def offline_math(page: str) -> str:
+    """The page without nbgrader's CDN MathJax, its formulas rendered as MathML and its styles cut
+    to what it uses: a page of a few tens of kB that shows its math offline, with no script."""
+    return prune_styles(render_math(_MATHJAX_BLOCK.sub("", page))[0])
 
 
 def finish_feedback_pages(folder: Path) -> None:
-    """Make every feedback page in ``folder`` render its math offline."""
-    bundle = local_mathjax()
+    """Make every feedback page in ``folder`` render its math offline, with no script."""
     for page in sorted(Path(folder).glob("*.html")):
-        page.write_text(offline_math(page.read_text(encoding="utf-8"), bundle), encoding="utf-8")
+        page.write_text(offline_math(page.read_text(encoding="utf-8")), encoding="utf-8")

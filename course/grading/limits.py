@@ -24,7 +24,7 @@ def bounded_execute() -> type:
     """nbgrader's Execute with the course's limits, :class:`course.grading.plugins.BoundedExecute`
     (imported when a notebook is to be run, so that importing course.grading imports no
     nbgrader)."""
-    from .plugins import BoundedExecute
+    from .executor import BoundedExecute
     return BoundedExecute
 
 

@@ -227,10 +227,9 @@ def learner_sources(nb, instructor_tests: frozenset[str] = frozenset()) -> list[
     whose source is exactly one of the instructor's test cells (released or with its hidden
     tests), for example a test cell whose grade_id the learner renamed, is the instructor's
     code, not the learner's: it is not read as theirs."""
-    from nbgrader import utils
+    from .cells import is_locked, is_test
     return [c.source for c in nb.cells if c.cell_type == "code"
-            and not utils.is_locked(c) and not (utils.is_grade(c) and not utils.is_solution(c))
-            and c.source.strip() not in instructor_tests]
+            and not is_locked(c) and not is_test(c) and c.source.strip() not in instructor_tests]
 
 
 def instructor_test_sources(source: Path) -> frozenset[str]:

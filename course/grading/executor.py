@@ -1,0 +1,165 @@
+"""The course's executor, :class:`BoundedExecute`: nbgrader's Execute settings with the course's
+limits (course/grading/limits.py), without nbgrader, so that the learner's check runs in the
+learner's install (no nbgrader there). Each kernel runs in the course's sandbox
+(:class:`course.grading.sandbox.SandboxedKernelManager`) with preloaded modules, each cell keeps
+at most an output cap, each graded test cell gets its secret token just before it runs, and the
+harness's state is asked for just after. ``nbgrader_config.py`` names it through
+:mod:`course.grading.plugins`, which re-exports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from jupyter_core.utils import run_sync
+from nbformat.v4 import new_output
+from traitlets import Integer, List, Unicode
+
+from llmcheck.record import MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
+from .cells import execute_class, is_test
+from .limits import HARNESS_CHANGES, HARNESS_METADATA, output_size
+from .sandbox import SandboxedKernelManager
+from .secret import cell_token, run_secret
+
+
+class BoundedExecute(execute_class()):
+    """Execute, where each kernel runs in the course's sandbox (its kernel manager) with
+    preloaded modules, and each cell keeps at most max_output_chars of output (an error
+    and the first stderr are always kept, shortened, because they decide the cell's
+    grade)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", SandboxedKernelManager)
+        super().__init__(*args, **kwargs)
+
+    max_output_chars = Integer(
+        20_000, help="Characters of output a cell keeps; the rest is dropped while the "
+                     "cell runs.").tag(config=True)
+    grade_secret = Unicode(
+        "", help="The grade run's secret (hex; course/grading/secret.py). Each graded test "
+                 "cell's kernel gets its own token from it just before the cell runs, and "
+                 "every case runs again on fresh inputs drawn from it. Default: the run's "
+                 "secret when nbgrader autogrades, none otherwise (the learner's check)."
+    ).tag(config=True)
+    preload = List(
+        Unicode(), ["torch", "llmcore"],
+        help="Modules imported when the kernel starts (before any cell, outside the cell "
+             "timeout), so that a slow first import is never mistaken for a hung "
+             "cell.").tag(config=True)
+
+    def _kernel_code(self) -> str:
+        code = ""
+        for name in self.preload:
+            code += f"import {name} as _preloaded\ndel _preloaded\n"
+        # always, after the preloads and before any cell: the harness's state at start,
+        # which the grader compares with after every test cell (llmcheck/integrity.py)
+        code += "import llmcheck.integrity as _preloaded\ndel _preloaded\n"
+        return code
+
+    async def async_start_new_kernel(self, **kwargs):
+        code = self._kernel_code()
+        extra = [a for a in self.extra_arguments
+                 if not a.startswith(("--IPKernelApp.exec_lines", "--IPKernelApp.log_level"))]
+        extra.append("--IPKernelApp.log_level=ERROR")     # no start-up chatter on stderr
+        if code:
+            extra.append(f"--IPKernelApp.exec_lines={code}")
+        self.extra_arguments = extra
+        await super().async_start_new_kernel(**kwargs)
+
+    start_new_kernel = run_sync(async_start_new_kernel)
+
+    def _secret(self) -> str:
+        if self.grade_secret:
+            return self.grade_secret
+        return run_secret() if os.environ.get("NBGRADER_EXECUTION") == "autograde" else ""
+
+    def preprocess_cell(self, cell, resources, index):
+        if not is_test(cell):
+            return super().preprocess_cell(cell, resources, index)
+        secret = self._secret()
+        if secret:
+            token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", ""))
+            self._tell_kernel(f"import llmcheck.fresh as _fresh\n_fresh.receive({token!r})\n"
+                              "del _fresh")
+        try:
+            cell, resources = super().preprocess_cell(cell, resources, index)
+        finally:
+            if secret:
+                self._tell_kernel("import llmcheck.fresh as _fresh\n_fresh.receive(None)\n"
+                                  "del _fresh")
+        changes = self._tell_kernel("", ask=HARNESS_CHANGES)
+        if changes:
+            cell.metadata[HARNESS_METADATA] = changes
+        return cell, resources
+
+    def _tell_kernel(self, code: str, ask: str = ""):
+        """Run ``code`` silently (no history, no pre/post-run-cell events, no outputs); with
+        ``ask``, evaluate that expression afterwards and return its value (a Python
+        literal), or None when the kernel could not answer."""
+        async def tell():
+            msg_id = self.kc.execute(code, silent=True, store_history=False,
+                                     allow_stdin=False,
+                                     user_expressions={"answer": ask} if ask else None)
+            return await self.async_wait_for_reply(msg_id)
+        try:
+            reply = run_sync(tell)()
+        except Exception as error:                 # noqa: BLE001 (a dead kernel: the cell fails)
+            self.log.warning("the kernel did not answer the grader: %s", error)
+            return None
+        if not ask or reply is None:
+            return None
+        answer = reply.get("content", {}).get("user_expressions", {}).get("answer", {})
+        try:
+            return ast.literal_eval(answer.get("data", {}).get("text/plain", ""))
+        except (ValueError, SyntaxError):
+            return None
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._kept: dict[int, int] = {}
+        self._stderr_kept: set[int] = set()
+        self._truncated: set[int] = set()
+        self._records: dict[int, int] = {}
+        return super().preprocess(nb, resources, km)
+
+    def output(self, outs, msg, display_id, cell_index):
+        out = super().output(outs, msg, display_id, cell_index)
+        if out is None:
+            return None
+        if RECORD_MIME in out.get("data", {}):       # verdict records: their own cap
+            records = self._records.get(cell_index, 0) + 1
+            self._records[cell_index] = records
+            if records <= MAX_RECORDS_PER_CELL and output_size(out) <= MAX_RECORD_CHARS:
+                return out
+            out.data = {"text/plain": "[record dropped: too many or too large]"}
+        cap = self.max_output_chars
+        kept = self._kept.get(cell_index, 0)
+        size = output_size(out)
+        if cap < 0 or kept + size <= cap:
+            self._kept[cell_index] = kept + size
+            if out.get("name") == "stderr":
+                self._stderr_kept.add(cell_index)
+            return out
+        room = max(cap - kept, 0)
+        needed = (out.output_type in ("error", "execute_result")
+                  or (out.output_type == "stream" and out.name == "stderr"
+                      and cell_index not in self._stderr_kept))
+        if out.output_type == "stream" and (room > 0 or needed):
+            out.text = out.text[:max(room, 200)]
+            if out.name == "stderr":
+                self._stderr_kept.add(cell_index)
+        elif out.output_type == "error":
+            out.evalue = out.evalue[:2000]
+            out.traceback = [line[:2000] for line in out.traceback[-40:]]
+        elif out.output_type == "execute_result":       # a partial-credit value: keep it short
+            out.data = {key: value[:2000] if isinstance(value, str) else value
+                        for key, value in out.data.items()}
+        elif not needed and outs and outs[-1] is out:
+            outs.pop()
+        self._kept[cell_index] = cap
+        if cell_index not in self._truncated:
+            self._truncated.add(cell_index)
+            outs.append(new_output("stream", name="stdout",
+                                   text=f"\n[output truncated by the grader after {cap} "
+                                        "characters]\n"))
+        return out
