@@ -29,6 +29,7 @@ import nbformat
 import pytest
 
 from course import grading
+from course.grading.authoring import answers_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "grading"
@@ -88,10 +89,7 @@ def read(folder: str, assignment: str):
 
 def answers(assignment: str) -> dict[str, str]:
     """The solution of every answer cell, without nbgrader's markers (what a student types)."""
-    return {nbgrader_meta(c)["grade_id"]: "\n".join(
-                line for line in c.source.splitlines()
-                if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
-            for c in read("solutions", assignment).cells if nbgrader_meta(c).get("solution")}
+    return answers_of(read("solutions", assignment))
 
 
 def submission(assignment: str, *, answered: bool, edits: dict | None = None):

@@ -147,10 +147,11 @@ def read_mutant(text: str, source: str = "mutant") -> dict[str, str]:
 
 def answers_of(solution) -> dict[str, str]:
     """grade_id -> the solution's code of each answer cell, without nbgrader's markers."""
+    from .cells import is_solution
     return {cell.metadata["nbgrader"]["grade_id"]: "\n".join(
                 line for line in cell.source.splitlines()
                 if line.strip() not in (SOLUTION_BEGIN, SOLUTION_END))
-            for cell in solution.cells if cell.metadata.get("nbgrader", {}).get("solution")}
+            for cell in solution.cells if is_solution(cell)}
 
 
 def submission_with(release, answers: dict[str, str], changed: dict[str, str], *,

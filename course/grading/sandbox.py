@@ -92,7 +92,7 @@ import time
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Bool, Integer, Unicode, default
+from traitlets import Bool, Integer, List, Unicode, default
 
 SANDBOX_HOME = "/home/learner"
 SANDBOX_WORK = f"{SANDBOX_HOME}/work"
@@ -568,6 +568,8 @@ class SandboxedKernelManager(AsyncKernelManager):
                     "notebook's folder) when bwrap cannot start. Only for trusted notebooks: "
                     "their code can then read and change everything the grader can."
     ).tag(config=True)
+    events = List(help="What happened to this manager's kernels (see stopped_event), oldest "
+                       "first; not configurable.")
     events_file = Unicode(
         "", help="A file to append each kernel's events to, one JSON object per line (the "
                  "grader's worker sets it in its job's folder and reads it back); unset, the "
@@ -578,13 +580,6 @@ class SandboxedKernelManager(AsyncKernelManager):
                           "works (the learner's own check of their own code on their machine); "
                           "'required': always; 'if-available': never required."
     ).tag(config=True)
-
-    @property
-    def events(self) -> list[dict]:
-        """What happened to this manager's kernels (see :func:`stopped_event`), oldest first."""
-        if not hasattr(self, "_events"):
-            self._events: list[dict] = []
-        return self._events
 
     def _record(self, event: dict) -> None:
         self.events.append(event)

@@ -253,9 +253,8 @@ def instructor_test_sources(source: Path) -> frozenset[str]:
 # ------------------------------------------------------------------------------------------------
 
 def _grade_cells(nb):
-    from nbgrader import utils
-    return [c for c in nb.cells if c.cell_type == "code" and utils.is_grade(c)
-            and not utils.is_solution(c)]
+    from .cells import is_test
+    return [c for c in nb.cells if is_test(c)]
 
 
 def _cache_key(source: Path) -> str:
