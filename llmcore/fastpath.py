@@ -23,7 +23,11 @@ arithmetic. This module runs the same weights with what a serving engine does in
    kernel (``aten._weight_int4pack_mm_for_cpu``), its head in int8. The three feed the
    matrices bfloat16 activations (the kernels are fast only then) and keep in float32 what must
    stay there: the residual stream, the norms (computed on it) and the embeddings; the kernels
-   accumulate their dot products and SDPA its softmax in float32.
+   accumulate their dot products and SDPA its softmax in float32. "w8a8" stores the same int8
+   codes and scales as "int8" but rounds the activations too, each row (token) to its own
+   integer codes, and multiplies integers by integers (fbgemm's int8 GEMM, the kernel under
+   PyTorch's dynamic quantization; a CPU instruction such as AVX-512 VNNI does 64 int8
+   multiply-adds at once): the activations, cache and stream stay float32 around it.
 
 :class:`FastDecoder` is the step every decoder shares (embed, blocks, last row's logits); a
 :class:`FastGPT` or :class:`FastLlama` fills in its model's block. :class:`FastStep` is what
@@ -34,6 +38,7 @@ the same logits and the same tokens. Chapter 7 (the fast path).
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -46,7 +51,7 @@ from .model import GPT
 from .quantize import INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8, unpack_int4
 from .rope import rope_tables, rotate_half
 
-PRECISIONS = ("fp32", "bf16", "int8", "int4")
+PRECISIONS = ("fp32", "bf16", "int8", "w8a8", "int4")
 """What ``precision=`` accepts (None: the model's own dtype and tensors)."""
 
 INT4_GROUP_SIZE = 32
@@ -143,6 +148,62 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
     return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
 
 
+class W8A8Linear(NamedTuple):
+    """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
+    scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
+    bytes are counted here: d_in d_out codes and d_out float32 scales) over d_in + 2 rows, the
+    last two zero, and ``pin`` (1, 2) = [1, -1], the two columns appended to the activations
+    that fix their range to [-1, 1] (see :func:`w8a8_matmul`)."""
+
+    packed: object
+    pin: Tensor
+    weight_bytes: int
+
+
+def w8a8_available(device: torch.device) -> bool:
+    """Whether this torch has the int8 x int8 kernel for ``device``: PyTorch's quantized
+    linear ops with the fbgemm (x86) engine, on the CPU only."""
+    engines = torch.backends.quantized.supported_engines
+    return (device.type == "cpu" and hasattr(torch.ops.quantized, "linear_dynamic")
+            and ("fbgemm" in engines or "x86" in engines))
+
+
+def w8a8_linear(weight: Tensor) -> W8A8Linear:
+    """weight (d_in, d_out) float32 -> :class:`W8A8Linear`: :func:`llmcore.quantize.quantize_int8`
+    (the codes and scales the "int8" precision stores), packed once for fbgemm. fbgemm takes
+    its codes as one of PyTorch's quantized tensors, an API torch 2.13 deprecates: its warning
+    is silenced here, where the packing happens, and nowhere else."""
+    d_in, d_out = weight.shape
+    q = quantize_int8(weight.detach().float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        codes = torch.cat([q.values.t(), q.values.new_zeros(d_out, 2)], dim=1)
+        codes = torch._make_per_channel_quantized_tensor(
+            codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
+        packed = torch.ops.quantized.linear_prepack(codes, None)
+    return W8A8Linear(packed, torch.tensor([[1.0, -1.0]]), d_in * d_out + 4 * d_out)
+
+
+def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) float32 @ the int8 matrix (+ b) with int8 activations, one scale per row.
+
+    fbgemm's dynamic kernel rounds its whole input with one scale from the input's min and max
+    (a row's codes would then depend on the rest of its batch). So each row is first divided
+    by its largest magnitude r (every row in [-1, 1]) and gains two columns, +1 and -1, that
+    meet the matrix's two zero rows (they add nothing to the product): the input's range is
+    then [-1, 1] on every call, so the kernel's scale never changes, each row is rounded on
+    its own, and row i of the product, times r[i], is x[i] W whatever the batch. The kernel
+    keeps about 7 bits per activation (``reduce_range``, what PyTorch's dynamic quantization
+    uses, so that CPUs without VNNI cannot overflow their 16-bit pair sums): x[i] / r[i]
+    rounded in steps of 2 / 127, integer codes from -64 to 64 (tested against that float64
+    model in tests/test_fastpath_precision.py)."""
+    r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
+    rows = torch.cat([x / r, w.pin.expand(x.shape[0], 2)], dim=1)           # (rows, d_in + 2)
+    out = torch.ops.quantized.linear_dynamic(rows, w.packed, True)
+    return out.mul_(r) if b is None else torch.addcmul(b, out, r)
+
+
 def _int8_linear(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
     """x (rows, d_in) @ the int8 matrix (+ b): PyTorch's weight-only int8 kernel."""
     out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
@@ -156,13 +217,16 @@ def _int4_linear(x: Tensor, w: Int4Linear, b: Tensor | None) -> Tensor:
     return out if b is None else out.add_(b)
 
 
-def tensors_of(weights) -> list[Tensor]:
-    """Every tensor in weights: a tensor, or (nested) tuples and lists of them."""
+def bytes_of(weights) -> int:
+    """Bytes of the weights in ``weights``: a tensor, a :class:`W8A8Linear` (its codes and
+    scales), or (nested) tuples and lists of them."""
     if isinstance(weights, Tensor):
-        return [weights]
+        return weights.numel() * weights.element_size()
+    if isinstance(weights, W8A8Linear):
+        return weights.weight_bytes
     if isinstance(weights, (tuple, list)):
-        return [t for part in weights for t in tensors_of(part)]
-    return []
+        return sum(bytes_of(part) for part in weights)
+    return 0
 
 
 def check_precision(precision: str | None, model) -> None:
@@ -172,6 +236,10 @@ def check_precision(precision: str | None, model) -> None:
     if precision == "int4" and model.device.type not in ("cpu", "meta"):
         raise ValueError(f"precision='int4' uses PyTorch's CPU int4 kernel; the model is on "
                          f"{model.device}")
+    if precision == "w8a8" and not w8a8_available(model.device):
+        raise ValueError(f"precision='w8a8' uses PyTorch's int8 x int8 CPU kernel (fbgemm); "
+                         f"the model is on {model.device}, and this torch's quantized engines "
+                         f"are {torch.backends.quantized.supported_engines}")
 
 
 class FastDecoder:
@@ -186,10 +254,11 @@ class FastDecoder:
     model's products run on oneDNN's prepacked copies of each block's matrices (``w_*``) and of
     the output projection (``self.head``), made here (build a new one after changing the model,
     as ``generate(..., fast=True)`` does on every call); for one row the plain ``addmm`` reads
-    the weights faster. "bf16", "int8", "int4": this object holds its own copies of the
-    matrices in that format (see the module's docstring), made here from the weights of this
-    moment; ``dtype`` is the matrices' activations and the KV cache's dtype (bfloat16), and
-    ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
+    the weights faster. "bf16", "int8", "w8a8", "int4": this object holds its own copies of
+    the matrices in that format (see the module's docstring), made here from the weights of
+    this moment; ``dtype`` is the matrices' activations and the KV cache's dtype (bfloat16;
+    float32 for w8a8, whose kernel rounds float32 activations itself), and ``stream_dtype``
+    the residual stream's (float32). A subclass names its block's weights
     (``block_weights``) and its head (``head_matrix``) and writes ``embed``, ``_block`` and
     ``logits``. Chapters 7 and 13.
     """
@@ -201,17 +270,20 @@ class FastDecoder:
         self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
         self.group = c.n_heads // c.kv_heads
-        self.dtype = {None: model.dtype, "fp32": torch.float32}.get(precision, torch.bfloat16)
+        self.dtype = {None: model.dtype, "fp32": torch.float32,
+                      "w8a8": torch.float32}.get(precision, torch.bfloat16)
         low = self.dtype in (torch.bfloat16, torch.float16)
         self.stream_dtype = torch.float32 if low else self.dtype
         self.own = precision in (None, "fp32") and self.dtype == model.dtype
-        quantized = precision in ("int8", "int4")
+        quantized = precision in ("int8", "w8a8", "int4")
         self.packed = (not compile and not quantized
                        and packed_linear_available(model, self.dtype)
                        and (batch_size >= 2 or self.dtype == torch.bfloat16))
         plain = _packed_linear if self.packed else _plain_linear
-        self.linear = {"int8": _int8_linear, "int4": _int4_linear}.get(precision, plain)
-        self.head_linear = _int8_linear if quantized else plain
+        self.linear = {"int8": _int8_linear, "w8a8": w8a8_matmul,
+                       "int4": _int4_linear}.get(precision, plain)
+        self.head_linear = {"w8a8": w8a8_matmul}.get(
+            precision, _int8_linear if quantized else plain)
         self.batch_size = batch_size
         with torch.inference_mode(False):       # normal tensors, usable in any mode
             self.blocks = [self.prepare_block(self.block_weights(block))
@@ -222,9 +294,11 @@ class FastDecoder:
 
     def prepare_matrix(self, weight: Tensor, *, head: bool = False):
         """weight (d_in, d_out) as this object's linear reads it: the model's tensor, a cast
-        copy, oneDNN's packed copy, an :class:`Int8Linear` (int8, and the head of int4) or an
-        :class:`Int4Linear`."""
+        copy, oneDNN's packed copy, an :class:`Int8Linear` (int8, and the head of int4), a
+        :class:`W8A8Linear` or an :class:`Int4Linear`."""
         w = weight.detach()
+        if self.precision == "w8a8":
+            return w8a8_linear(w)
         if self.precision == "int8" or (self.precision == "int4" and head):
             return int8_linear(w, self.dtype)
         if self.precision == "int4":
@@ -296,7 +370,7 @@ class FastDecoder:
         norms, biases, in this object's precision) and the output projection. The embedding's
         few rows (one per token) are not counted. Chapters 7 and 13."""
         head = self.output_matrix() if self.head is None else self.head
-        return sum(t.numel() * t.element_size() for t in tensors_of([self.blocks, head]))
+        return bytes_of([self.blocks, head])
 
     # -- what each model fills in ----------------------------------------------------------
     def block_weights(self, block) -> NamedTuple:

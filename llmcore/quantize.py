@@ -240,6 +240,46 @@ def quantized_matmul(x: Tensor, q: Int8Weight | Int4Weight) -> Tensor:
     return out
 
 
+class Int8Rows(NamedTuple):
+    """Activations (rows, d) as int8 codes with one float32 scale per row (per token):
+    ``x[i] ~ values[i] * scale[i]``. Chapter 13."""
+
+    values: Tensor   # (rows, d) int8 in [-127, 127]
+    scale: Tensor    # (rows, 1) float32
+
+
+def quantize_rows(x: Tensor) -> Int8Rows:
+    """Symmetric int8 per row, the activations' side of an int8 x int8 product: x (rows, d)
+    -> codes and ``scale[i] = max_j |x[i, j]| / 127`` (1 for a row of zeros). Each row is
+    rounded on its own, so a token's codes never depend on the other rows of its batch.
+    Chapter 13."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x: expected a floating matrix (rows, d), got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    xf = _working(x)
+    amax = xf.abs().amax(dim=1, keepdim=True)                            # (rows, 1)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).float()
+    codes = torch.round(xf / scale.to(xf.dtype)).clamp_(-INT8_MAX, INT8_MAX)
+    return Int8Rows(codes.to(torch.int8), scale)
+
+
+def int8_product(x: Int8Rows, q: Int8Weight) -> Tensor:
+    """The int8 x int8 product with both scales outside: ``x W ~ diag(r) (X_q W_q) diag(s)``,
+    (rows, d_in) codes times (d_in, d_out) codes summed as integers (exactly: each product is
+    at most 127**2 < 2**14, so float64 holds any sum of up to 2**39 of them), then row i times
+    r[i] and column j times s[j] -> (rows, d_out) float32. This is the arithmetic of an int8 GEMM (W8A8): integer
+    multiply-adds, one float multiply per output. Chapter 13."""
+    _check_int8(q)
+    if not isinstance(x, Int8Rows):
+        raise TypeError(f"x: expected an Int8Rows (quantize_rows), got {type(x).__name__}")
+    if x.values.shape[1] != q.values.shape[0]:
+        raise ValueError(f"x has {x.values.shape[1]} columns but the weight has "
+                         f"{q.values.shape[0]} rows (d_in)")
+    integers = x.values.double() @ q.values.double()                     # (rows, d_out), exact
+    return (integers * x.scale.double() * q.scale.double()).float()
+
+
 def quantize(w: Tensor, precision: str, *, group_size: int | None = None):
     """w (d_in, d_out) in the named integer precision: an :class:`Int8Weight` for "int8" (no
     group_size), an :class:`Int4Weight` for "int4" (group_size defaults to 32). Chapter 13."""

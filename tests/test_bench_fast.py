@@ -47,7 +47,7 @@ def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
 
 def test_reports_each_precision_against_fp32_and_its_own_bound(report):
     for b in (1, 3):
-        for p in ("bf16", "int8", "int4"):
+        for p in ("bf16", "int8", "w8a8", "int4"):
             assert ratio(report, f"tiny batch {b}, fast {p} / fast fp32 tokens/s") > 0
     for p in fast.PRECISIONS:
         assert ratio(report, f"tiny {p} decode step time / its weight-read bound") > 0
@@ -60,6 +60,7 @@ def test_precision_rows_count_fewer_bytes_for_fewer_bits():
     read = {row["precision"]: row["weight_bytes"] for row in rows}
     assert read["fp32"] == fast.weight_bytes(model) - 2 * 4 * fast.TINY.d_model   # not ln_f
     assert 1.8 < read["fp32"] / read["bf16"] <= 2 and read["int4"] < read["int8"] < read["bf16"]
+    assert read["int4"] < read["w8a8"] < read["bf16"]   # int8 codes; its scales and biases fp32
     for row in rows:
         assert row["bound_tokens_per_second"] == pytest.approx(1e10 / row["weight_bytes"])
         assert row["step_over_bound"] == pytest.approx(

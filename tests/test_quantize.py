@@ -1,5 +1,5 @@
 """llmcore.quantize: int8 per output channel and int4 in groups, against float64 references of
-the dequantized product, loops against matrices, the packing round trip, the rounding bound
+the dequantized product, activations in int8 per row and the int8 x int8 product, loops against matrices, the packing round trip, the rounding bound
 (|w - dequantized| <= scale / 2), PyTorch's own kernels, and the meta device."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from conftest import TINY
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.model import GPT
 from llmcore.quantize import (Int4Weight, Int8Weight, dequantize_int4, dequantize_int8,
-                              fake_quantize, matrix_names, pack_int4, quantize_int4,
-                              quantize_int8, quantized_matmul, unpack_int4)
+                              fake_quantize, int8_product, matrix_names, pack_int4,
+                              quantize_int4, quantize_int8, quantize_rows, quantized_matmul,
+                              unpack_int4)
 
 
 def weights(d_in: int, d_out: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
@@ -252,3 +253,36 @@ def test_fake_quantize_int8_gives_logits_near_the_model_on_a_llama():
         want, got = model(tokens), rounded(tokens)
     assert not torch.equal(got, want)
     torch.testing.assert_close(got, want, rtol=0, atol=0.02 * float(want.abs().max()))
+
+
+def test_quantize_rows_rounds_each_row_on_its_own_within_half_a_step():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 40, generator=g) * torch.logspace(-3, 3, 6)[:, None]
+    x[2] = 0
+    q = quantize_rows(x)
+    assert q.values.dtype == torch.int8 and q.scale.shape == (6, 1)
+    assert int(q.values.abs().max()) == 127 and float(q.scale[2]) == 1.0
+    assert bool(((x - q.values * q.scale).abs() <= q.scale / 2 + 1e-12 * q.scale).all())
+    for i in range(6):                               # a row's codes never see its neighbours
+        alone = quantize_rows(x[i:i + 1])
+        assert torch.equal(alone.values[0], q.values[i]) and torch.equal(alone.scale[0], q.scale[i])
+    with pytest.raises(ValueError, match=r"expected a floating matrix \(rows, d\)"):
+        quantize_rows(torch.ones(2, 3, 4))
+
+
+def test_int8_product_is_the_loop_over_integer_codes_with_both_scales_outside():
+    g = torch.Generator().manual_seed(12)
+    x, w = torch.randn(3, 5, generator=g), torch.randn(5, 4, generator=g)
+    xq, wq = quantize_rows(x), quantize_int8(w)
+    got = int8_product(xq, wq)
+    for i in range(3):
+        for j in range(4):
+            integers = sum(int(xq.values[i, k]) * int(wq.values[k, j]) for k in range(5))
+            want = integers * float(xq.scale[i, 0]) * float(wq.scale[j])
+            assert got[i, j].item() == pytest.approx(want, rel=1e-6)
+    exact = x.double() @ w.double()
+    assert float((got.double() - exact).abs().max()) < 0.05 * float(exact.abs().max())
+    with pytest.raises(ValueError, match="x has 5 columns but the weight has 4 rows"):
+        int8_product(xq, quantize_int8(torch.randn(4, 4)))
+    with pytest.raises(TypeError, match="expected an Int8Rows"):
+        int8_product(x, wq)
