@@ -269,9 +269,9 @@ class FastDecoder:
     fit in the CPU's cache (:func:`streams_from_memory`); otherwise one row runs the plain
     ``addmm``, which costs less per call. "bf16", "int8", "w8a8", "int4": this object holds
     its own copies of the matrices in that format (see the module's docstring), made here from
-    the weights of this moment; ``dtype`` is the matrices' activations and the KV cache's dtype (bfloat16;
-    float32 for w8a8, whose kernel rounds float32 activations itself), and ``stream_dtype``
-    the residual stream's (float32). A subclass names its block's weights
+    the weights of this moment; ``dtype`` is the matrices' activations and the KV cache's
+    dtype (bfloat16; float32 for w8a8, whose kernel rounds float32 activations itself), and
+    ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
     (``block_weights``) and its head (``head_matrix``) and writes ``embed``, ``_block`` and
     ``logits``. Chapters 7 and 13.
     """

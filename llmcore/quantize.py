@@ -268,8 +268,8 @@ def int8_product(x: Int8Rows, q: Int8Weight) -> Tensor:
     """The int8 x int8 product with both scales outside: ``x W ~ diag(r) (X_q W_q) diag(s)``,
     (rows, d_in) codes times (d_in, d_out) codes summed as integers (exactly: each product is
     at most 127**2 < 2**14, so float64 holds any sum of up to 2**39 of them), then row i times
-    r[i] and column j times s[j] -> (rows, d_out) float32. This is the arithmetic of an int8 GEMM (W8A8): integer
-    multiply-adds, one float multiply per output. Chapter 13."""
+    r[i] and column j times s[j] -> (rows, d_out) float32. This is the arithmetic of an int8
+    GEMM (W8A8): integer multiply-adds, one float multiply per output. Chapter 13."""
     _check_int8(q)
     if not isinstance(x, Int8Rows):
         raise TypeError(f"x: expected an Int8Rows (quantize_rows), got {type(x).__name__}")

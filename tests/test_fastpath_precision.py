@@ -1,9 +1,10 @@
-"""The fast path in fewer bits (``precision=`` "bf16", "int8", "w8a8", "int4"): logits near the float32
-path's within stated tolerances (and equal to the teaching forward of the same rounded weights);
-greedy tokens agreeing with float32 over 32 tokens on the shipped model and on a GPT-2-shaped
-random model for at least a stated share of prompts (the share is printed); batched decoding
-equal to each sequence alone, and paged decoding equal to contiguous, in each precision; the
-fast object owns its state; bad precisions are refused."""
+"""The fast path in fewer bits (``precision=`` "bf16", "int8", "w8a8", "int4"): logits near the
+float32 path's within stated tolerances (and equal to the teaching forward of the same rounded
+weights); greedy tokens agreeing with float32 over 32 tokens on the shipped model and on a
+GPT-2-shaped random model for at least a stated share of prompts (the share is printed);
+batched decoding equal to each sequence alone, and paged decoding equal to contiguous, in each
+precision; w8a8's product against a float64 model of its kernel, row by row; the fast object
+owns its state; bad precisions are refused."""
 
 from __future__ import annotations
 

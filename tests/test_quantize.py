@@ -1,6 +1,7 @@
 """llmcore.quantize: int8 per output channel and int4 in groups, against float64 references of
-the dequantized product, activations in int8 per row and the int8 x int8 product, loops against matrices, the packing round trip, the rounding bound
-(|w - dequantized| <= scale / 2), PyTorch's own kernels, and the meta device."""
+the dequantized product, activations in int8 per row and the int8 x int8 product, loops
+against matrices, the packing round trip, the rounding bound (|w - dequantized| <= scale / 2),
+PyTorch's own kernels, and the meta device."""
 
 from __future__ import annotations
 
