@@ -163,13 +163,18 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
 class W8A8Linear(NamedTuple):
     """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
     scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
-    bytes are counted here: d_in d_out codes and d_out float32 scales) over d_in + 2 rows, the
-    last two zero, and ``pin`` (1, 2) = [1, -1], the two columns appended to the activations
-    that fix their range to [-1, 1] (see :func:`w8a8_matmul`)."""
+    bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales) over
+    d_in + 2 rows, the last two zero, and ``pin`` (1, 2) = [1, -1], the two columns appended to
+    the activations that fix their range to [-1, 1] (see :func:`w8a8_matmul`)."""
 
     packed: object
     pin: Tensor
-    weight_bytes: int
+    d_in: int
+    d_out: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.d_in * self.d_out + 4 * self.d_out
 
 
 def w8a8_available(device: torch.device) -> bool:
@@ -194,10 +199,29 @@ def w8a8_linear(weight: Tensor) -> W8A8Linear:
         codes = torch._make_per_channel_quantized_tensor(
             codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
         packed = torch.ops.quantized.linear_prepack(codes, None)
-    return W8A8Linear(packed, torch.tensor([[1.0, -1.0]]), d_in * d_out + 4 * d_out)
+    return W8A8Linear(packed, torch.tensor([[1.0, -1.0]]), d_in, d_out)
 
 
 def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) float32 on the CPU @ the int8 matrix (+ b (d_out,)) -> (rows, d_out)
+    float32, the activations rounded to integers one row at a time (:func:`_w8a8_linear`
+    says how). Checks its operands and names what it expected; the fast path calls
+    :func:`_w8a8_linear` directly, having checked once. Chapter 13."""
+    if not isinstance(w, W8A8Linear):
+        raise TypeError(f"w: expected a W8A8Linear (w8a8_linear), got {type(w).__name__}")
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.float32 \
+            or x.device.type != "cpu":
+        raise ValueError(f"x: expected a float32 matrix (rows, {w.d_in}) on the CPU, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} "
+                         f"{tuple(getattr(x, 'shape', ()))} on {getattr(x, 'device', '-')}")
+    if x.shape[1] != w.d_in:
+        raise ValueError(f"x has {x.shape[1]} columns but the matrix has d_in = {w.d_in}")
+    if b is not None and tuple(b.shape) != (w.d_out,):
+        raise ValueError(f"b: expected shape ({w.d_out},), got {tuple(b.shape)}")
+    return _w8a8_linear(x.contiguous(), w, b)
+
+
+def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
     """x (rows, d_in) float32 @ the int8 matrix (+ b) with int8 activations, one scale per row.
 
     fbgemm's dynamic kernel rounds its whole input with one scale from the input's min and max
@@ -294,9 +318,9 @@ class FastDecoder:
                        and (batch_size >= 2 or self.dtype == torch.bfloat16
                             or streams_from_memory(model)))
         plain = _packed_linear if self.packed else _plain_linear
-        self.linear = {"int8": _int8_linear, "w8a8": w8a8_matmul,
+        self.linear = {"int8": _int8_linear, "w8a8": _w8a8_linear,
                        "int4": _int4_linear}.get(precision, plain)
-        self.head_linear = {"w8a8": w8a8_matmul}.get(
+        self.head_linear = {"w8a8": _w8a8_linear}.get(
             precision, _int8_linear if quantized else plain)
         self.batch_size = batch_size
         with torch.inference_mode(False):       # normal tensors, usable in any mode

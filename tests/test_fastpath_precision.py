@@ -259,3 +259,20 @@ def test_w8a8_product_is_the_documented_integer_arithmetic_row_by_row():
     assert torch.equal(got[3], torch.zeros(80))
     assert torch.equal(got, alone)
     assert packed.weight_bytes == 96 * 80 + 4 * 80
+
+
+def test_w8a8_matmul_names_what_it_expected():
+    from llmcore.fastpath import w8a8_linear, w8a8_matmul
+    packed = w8a8_linear(torch.randn(8, 16))
+    with pytest.raises(ValueError, match=r"expected a float32 matrix \(rows, 8\) on the CPU, "
+                                         r"got torch.bfloat16 \(2, 8\)"):
+        w8a8_matmul(torch.ones(2, 8, dtype=torch.bfloat16), packed)
+    with pytest.raises(ValueError, match="x has 9 columns but the matrix has d_in = 8"):
+        w8a8_matmul(torch.ones(2, 9), packed)
+    with pytest.raises(ValueError, match=r"b: expected shape \(16,\), got \(8,\)"):
+        w8a8_matmul(torch.ones(2, 8), packed, torch.ones(8))
+    with pytest.raises(TypeError, match="expected a W8A8Linear"):
+        w8a8_matmul(torch.ones(2, 8), torch.ones(8, 16))
+    want = w8a8_matmul(torch.ones(2, 8), packed) + torch.arange(16.0)
+    torch.testing.assert_close(w8a8_matmul(torch.ones(2, 8), packed, torch.arange(16.0)), want,
+                               rtol=1e-6, atol=1e-6)
