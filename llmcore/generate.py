@@ -72,9 +72,9 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *,
     :class:`llmcore.fastpath.FastDecoder` of this model, steps with the
     fast path (its own static cache and fused attention: leave cache,
     use_cache and backend alone). ``precision`` (with fast=True): the
-    fast path's weights in "fp32", "bf16", "int8", "w8a8" or "int4" (None: the
-    model's own; see :class:`llmcore.fastpath.FastDecoder`). The request
-    is checked here, once. Chapters 6, 7 and 13.
+    fast path's weights in "fp32", "bf16", "int8", "w8a8" or "int4"
+    (None: the model's own; see :class:`llmcore.fastpath.FastDecoder`).
+    The request is checked here, once. Chapters 6, 7 and 13.
     """
     b, _ = check_request(model, prompt_ids, max_new_tokens)
     pick = token_picker(temperature=temperature, top_k=top_k, seed=seed,
