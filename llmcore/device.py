@@ -9,6 +9,7 @@ cell of a chapter or at the top of a script::
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 
@@ -81,10 +82,12 @@ DEFAULT_LAST_LEVEL_CACHE = 32 * 2**20
 """What :func:`last_level_cache_bytes` assumes where the OS does not say (a common L3 size)."""
 
 
+@functools.lru_cache(maxsize=None)
 def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     """The size of the CPU's largest cache level, in bytes, as Linux reports it under ``root``
     (``index*/level`` and ``index*/size``, e.g. "32768K"); :data:`DEFAULT_LAST_LEVEL_CACHE`
-    elsewhere. Weights larger than this stream from memory at every decode step."""
+    elsewhere. Weights larger than this stream from memory at every decode step. Read once
+    per root (the hardware does not change; every ``generate(..., fast=True)`` asks)."""
     sizes = {}
     try:
         for entry in os.listdir(root):

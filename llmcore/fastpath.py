@@ -51,6 +51,7 @@ from .llama import Llama
 from .model import GPT
 from .quantize import INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8, unpack_int4
 from .rope import rope_tables, rotate_half
+from .storage import storage_bytes
 
 PRECISIONS = ("fp32", "bf16", "int8", "w8a8", "int4")
 """What ``precision=`` accepts (None: the model's own dtype and tensors)."""
@@ -95,9 +96,8 @@ def streams_from_memory(model) -> bool:
     packed layout reads them faster than ``addmm`` even for one row (GPT-2 small, one row:
     about 22 ms against 28.5 ms on the course's 2-core machine); a model that stays in the
     cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays less per call with plain
-    ``addmm``."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return weights > last_level_cache_bytes()
+    ``addmm``. Each storage counts once (a tied embedding and head are one matrix)."""
+    return storage_bytes(model.parameters()) > last_level_cache_bytes()
 
 
 def _pack(weight: Tensor, batch_size: int, *, transposed: bool = True) -> Tensor:
@@ -160,15 +160,18 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
     return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
 
 
+W8A8_PIN = torch.tensor([[1.0, -1.0]])
+"""The two columns appended to every row of w8a8's activations, fixing their range to [-1, 1]."""
+
+
 class W8A8Linear(NamedTuple):
     """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
     scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
     bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales) over
-    d_in + 2 rows, the last two zero, and ``pin`` (1, 2) = [1, -1], the two columns appended to
-    the activations that fix their range to [-1, 1] (see :func:`w8a8_matmul`)."""
+    d_in + 2 rows, the last two zero: they meet the two columns :data:`W8A8_PIN` appended to
+    the activations (see :func:`_w8a8_linear`)."""
 
     packed: object
-    pin: Tensor
     d_in: int
     d_out: int
 
@@ -199,7 +202,7 @@ def w8a8_linear(weight: Tensor) -> W8A8Linear:
         codes = torch._make_per_channel_quantized_tensor(
             codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
         packed = torch.ops.quantized.linear_prepack(codes, None)
-    return W8A8Linear(packed, torch.tensor([[1.0, -1.0]]), d_in, d_out)
+    return W8A8Linear(packed, d_in, d_out)
 
 
 def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
@@ -235,7 +238,7 @@ def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
     rounded in steps of 2 / 127, integer codes from -64 to 64 (tested against that float64
     model in tests/test_fastpath_precision.py)."""
     r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
-    rows = torch.cat([x / r, w.pin.expand(x.shape[0], 2)], dim=1)           # (rows, d_in + 2)
+    rows = torch.cat([x / r, W8A8_PIN.expand(x.shape[0], 2)], dim=1)        # (rows, d_in + 2)
     out = torch.ops.quantized.linear_dynamic(rows, w.packed, True)
     return out.mul_(r) if b is None else torch.addcmul(b, out, r)
 

@@ -101,5 +101,7 @@ def test_last_level_cache_is_read_from_sysfs_and_defaults_elsewhere(tmp_path):
         (entry / "size").write_text(f"{size}\n")
     assert last_level_cache_bytes(str(tmp_path)) == 32 * 2**20
     (tmp_path / "index2" / "size").write_text("64M\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 * 2**20       # read once per root
+    last_level_cache_bytes.cache_clear()
     assert last_level_cache_bytes(str(tmp_path)) == 64 * 2**20
     assert last_level_cache_bytes(str(tmp_path / "missing")) == DEFAULT_LAST_LEVEL_CACHE

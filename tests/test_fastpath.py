@@ -200,10 +200,11 @@ def test_one_row_is_packed_when_the_weights_do_not_fit_in_the_cache(monkeypatch)
     """A model larger than the last-level cache streams its weights from memory every step, and
     oneDNN's packed layout reads them faster even for one row; one that fits keeps addmm."""
     import llmcore.fastpath as fastpath
+    from llmcore.storage import storage_bytes
     model = tiny("gpt", seed=7)
     if not packed_linear_available(model):
         pytest.skip("this torch has no oneDNN (mkldnn) CPU kernels")
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights = storage_bytes(model.parameters())
     monkeypatch.setattr(fastpath, "last_level_cache_bytes", lambda: weights - 1)
     assert fastpath.streams_from_memory(model) and fast_model(model).packed
     monkeypatch.setattr(fastpath, "last_level_cache_bytes", lambda: weights)
