@@ -257,11 +257,8 @@ def quantize_rows(x: Tensor) -> Int8Rows:
         raise ValueError(f"x: expected a floating matrix (rows, d), got "
                          f"{getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
-    xf = _working(x)
-    amax = xf.abs().amax(dim=1, keepdim=True)                            # (rows, 1)
-    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax)).float()
-    codes = torch.round(xf / scale.to(xf.dtype)).clamp_(-INT8_MAX, INT8_MAX)
-    return Int8Rows(codes.to(torch.int8), scale)
+    q = quantize_int8(x.t())                  # a row of x is a column of x^T: the same rule
+    return Int8Rows(q.values.t().contiguous(), q.scale[:, None])
 
 
 def int8_product(x: Int8Rows, q: Int8Weight) -> Tensor:
