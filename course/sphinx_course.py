@@ -3,8 +3,8 @@ as an ``.ipynb`` download and says how to open it in JupyterLab, and the reposit
 address can be set when the book is built.
 
 * Download: sphinx-book-theme's download menu offers ``.ipynb`` only when a launch button
-  (Binder, JupyterHub, Colab) is configured; a site built with none (``jupyterhub_url`` and
-  ``colab_url`` empty in _config.yml, see course/launch.py for the buttons) still offers it,
+  (Binder, JupyterHub, Colab) is configured; a site built with none (the placeholder or empty
+  addresses of _config.yml: see course/launch.py for the buttons) still offers it,
   because this extension copies the notebook that MyST-NB writes for the page
   (``_build/jupyter_execute/<page>.ipynb``: the page's cells and kernel; MyST-NB keeps the
   outputs in its execution cache, not in this file, so the learner gets a clean notebook to run)
@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Mapping
 
 REPOSITORY_VARIABLE = "COURSE_REPOSITORY_URL"
 
@@ -35,9 +36,11 @@ RUN_NOTE = (
 """Shown under the title of every page that has a notebook; {source}: the page's source file."""
 
 
-def repository_url(default: str) -> str:
-    """The repository address for the site: ``$COURSE_REPOSITORY_URL`` if set, else default."""
-    return os.environ.get(REPOSITORY_VARIABLE, "").strip() or default
+def repository_url(default: str, environ: Mapping[str, str] | None = None) -> str:
+    """The repository address for the site: ``$COURSE_REPOSITORY_URL`` if set (in ``environ``,
+    default ``os.environ``), else default."""
+    return (os.environ if environ is None else environ).get(REPOSITORY_VARIABLE, "").strip() \
+        or default
 
 
 def _set_repository(app, config) -> None:

@@ -187,6 +187,18 @@ def test_only_the_configured_launch_buttons(book):
             assert marker not in text, f"{docname}: found a launch button ({marker!r})"
 
 
+def test_the_build_says_why_a_launch_button_is_left_out(book):
+    """One line in the build's output for each launch button it leaves out (course/launch.py:
+    with _config.yml's placeholder repository or hub, neither Colab nor JupyterHub)."""
+    from course.launch import launch_plan
+    config = book_site.book_config()
+    buttons = config["launch_buttons"]
+    plan = launch_plan(config["repository"]["url"], buttons.get("jupyterhub_url", ""),
+                       buttons.get("colab_url", ""))
+    printed = [line for line in book.log.splitlines() if line.startswith("course.launch:")]
+    assert printed == [f"course.launch: {note}" for note in plan.notes], printed
+
+
 @pytest.mark.parametrize("docname", PAGES)
 def test_download_button_serves_the_page_source(book, docname):
     source = source_of(docname)

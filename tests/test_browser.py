@@ -293,18 +293,19 @@ LAUNCH_LINKS_JS = """() => Array.from(document.querySelectorAll('.dropdown-launc
 
 
 def launch_settings() -> dict:
-    """The addresses the build used: _config.yml's launch_buttons and repository (with the
-    environment's overrides, as course.launch and course.sphinx_course apply them)."""
-    from course.launch import HUB_VARIABLE
+    """The launch buttons the build offered: _config.yml's launch_buttons and repository, with
+    the environment's overrides and the rule that no button points at a placeholder, as
+    course.launch.launch_plan decided them for the build (a build with _config.yml's placeholder
+    addresses, the default, offers neither button; COURSE_REPOSITORY_URL and COURSE_HUB_URL set
+    to real addresses for `make test` bring both)."""
+    from course.launch import launch_plan
     from course.site import book_config
-    from course.sphinx_course import repository_url
     config = book_config()
     buttons = config.get("launch_buttons", {})
-    hub = os.environ[HUB_VARIABLE].strip() if HUB_VARIABLE in os.environ \
-        else buttons.get("jupyterhub_url", "")
-    return {"hub": hub, "colab": buttons.get("colab_url", ""),
+    plan = launch_plan(config.get("repository", {}).get("url", ""),
+                       buttons.get("jupyterhub_url", ""), buttons.get("colab_url", ""))
+    return {"hub": plan.hub, "colab": plan.colab, "repository": plan.repository,
             "colab_branch": buttons.get("colab_branch") or "gh-pages",
-            "repository": repository_url(config.get("repository", {}).get("url", "")),
             "branch": config.get("repository", {}).get("branch") or "main"}
 
 
@@ -314,11 +315,12 @@ def test_launch_buttons_in_a_real_browser(browser, site, docname):
     course's repository through nbgitpuller and opens this chapter's source (a file that is in
     the repository), the same link the instructors' command makes; the Colab link opens the
     chapter's notebook as the site publishes it, whose first cell installs the course on Colab.
-    A button whose address _config.yml leaves empty is absent. Nothing is followed or fetched
-    from another host."""
+    A button whose address is empty or _config.yml's placeholder is absent, and without the
+    Colab button the published notebook has no install cell (the default build: neither button,
+    no launch menu). Nothing is followed or fetched from another host."""
     import json
 
-    from course.launch import colab_cell, colab_link, nbgitpuller_link
+    from course.launch import COLAB_MARKER, colab_cell, colab_link, nbgitpuller_link
     from course.site import ROOT, source_of
 
     settings = launch_settings()
@@ -337,6 +339,8 @@ def test_launch_buttons_in_a_real_browser(browser, site, docname):
             expected["Colab"] = colab_link(settings["colab"], settings["repository"], docname,
                                            branch=settings["colab_branch"])
         assert links == expected, f"{docname}: launch links {links}, expected {expected}"
+        menus = page.locator(".dropdown-launch-buttons").count()
+        assert menus == (1 if expected else 0), f"{docname}: {menus} launch menus"
         if expected:
             page.locator(".dropdown-launch-buttons button").click()
             for text in expected:
@@ -346,13 +350,17 @@ def test_launch_buttons_in_a_real_browser(browser, site, docname):
             query = urllib.parse.parse_qs(urllib.parse.urlsplit(links["JupyterHub"]).query)
             opened = query["urlpath"][0].split("/", 3)[3]       # lab/tree/<repository>/<path>
             assert (ROOT / opened).is_file(), f"{docname}: the hub would open {opened}"
+        published = f"{site}/_sources/{docname}.ipynb"           # also the .ipynb download
+        assert status_of(published) == 200, f"{docname}: no notebook at {published}"
+        with urllib.request.urlopen(published, timeout=30) as response:
+            cells = json.loads(response.read())["cells"]
+        installs = [c for c in cells if c["metadata"].get(COLAB_MARKER)
+                    or "google.colab" in "".join(c["source"])]
         if "Colab" in links:
-            published = f"{site}/_sources/{docname}.ipynb"
-            assert status_of(published) == 200, f"{docname}: no notebook at {published}"
-            with urllib.request.urlopen(published, timeout=30) as response:
-                first = json.loads(response.read())["cells"][0]
-            assert "".join(first["source"]) == colab_cell(settings["repository"],
-                                                          settings["branch"]), first
+            assert installs == [cells[0]] and "".join(cells[0]["source"]) == colab_cell(
+                settings["repository"], settings["branch"]), cells[0]
+        else:
+            assert not installs, f"{docname}: an install cell without a Colab button: {installs}"
         assert not remote, f"{docname}: requests to other hosts: {remote}"
     finally:
         page.close()
