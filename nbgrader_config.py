@@ -64,9 +64,13 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
-# Feedback shows each test's name, points and message, never the hidden tests' code.
+# Feedback shows each test's name, points and message, never the hidden tests' code; its math is
+# MathML, written with the page (no MathJax from a CDN, no script), and its styles are cut to what
+# it uses: the page course-grade writes, here and in the formgrader's "Generate Feedback"
+# (course/grading/feedback.py; course-grade sets the same two, nbgrader_app.course_config).
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     "course.grading.feedback.HideHiddenTests",
 ]
+c.GenerateFeedback.exporter_class = "course.grading.feedback.FeedbackExporter"

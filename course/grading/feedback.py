@@ -1,18 +1,23 @@
 """Feedback pages a learner may read: each test's name, points and message, never the hidden
 tests' source, and math rendered without a network or a script.
 
-:class:`HideHiddenTests` is an nbconvert preprocessor for nbgrader's ``GenerateFeedback`` (set in
-``nbgrader_config.py``); :func:`finish_feedback_pages` removes the CDN MathJax of nbgrader's
-feedback template and renders every formula as MathML when the page is written (latex2mathml),
-which browsers display natively: a page stays small (an inlined MathJax made each one 2.2 MB).
+Both are plug-ins of nbgrader's own ``GenerateFeedback``, named in ``nbgrader_config.py`` (so the
+hub's formgrader and ``nbgrader generate_feedback`` write the page course-grade writes, and
+course-grade sets the same two in :func:`course.grading.nbgrader_app.course_config`):
+:class:`HideHiddenTests`, an nbconvert preprocessor, and :class:`FeedbackExporter`, nbgrader's
+HTML exporter whose page goes through :func:`offline_math`: the CDN MathJax of nbgrader's
+feedback template removed, every formula rendered as MathML (latex2mathml), which browsers
+display natively, and the inlined Bootstrap cut to what the page uses: a page of a few tens of
+kB (nbgrader's own is 160-180 kB and loads MathJax from a CDN; an inlined MathJax made each one
+2.2 MB).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
+from nbconvert.exporters import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
@@ -162,7 +167,13 @@ def offline_math(page: str) -> str:
     return prune_styles(render_math(_MATHJAX_BLOCK.sub("", page))[0])
 
 
-def finish_feedback_pages(folder: Path) -> None:
-    """Make every feedback page in ``folder`` render its math offline, with no script."""
-    for page in sorted(Path(folder).glob("*.html")):
-        page.write_text(offline_math(page.read_text(encoding="utf-8")), encoding="utf-8")
+class FeedbackExporter(HTMLExporter):
+    """nbgrader's feedback exporter (an ``HTMLExporter`` with its ``feedback`` template, which
+    GenerateFeedback configures) whose page is finished by :func:`offline_math` before nbgrader
+    writes it. ``c.GenerateFeedback.exporter_class`` names it: GenerateFeedback's one
+    configurable step that sees every page it writes (its writer is fixed, and its
+    ``post_convert_hook`` is told neither the pages nor, for a whole class, the student)."""
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        page, resources = super().from_notebook_node(nb, resources=resources, **kw)
+        return offline_math(page), resources

@@ -51,7 +51,8 @@ def course_config(course_dir: str | os.PathLike = ".", *,
     Reads nbgrader_config.py (``config_file``, else the nearest one at or above ``course_dir``,
     else at or above the working directory, as nbgrader's own commands read it), then sets
     the course root to ``course_dir``, the gradebook (default ``course_dir/gradebook.db``), the
-    cell timeout if given, and the grader's bounded Execute preprocessor.
+    cell timeout if given, the grader's bounded Execute preprocessor, and the course's feedback
+    page (hidden tests hidden, math as MathML: course/grading/feedback.py).
     """
     from nbgrader.converters import Autograde, GenerateFeedback
     from traitlets.config import Config
@@ -76,6 +77,7 @@ def course_config(course_dir: str | os.PathLike = ".", *,
                                                *sanitize[at:]]
     feedback = GenerateFeedback.class_traits()["preprocessors"].default()
     config.GenerateFeedback.preprocessors = [*feedback, "course.grading.feedback.HideHiddenTests"]
+    config.GenerateFeedback.exporter_class = "course.grading.feedback.FeedbackExporter"
     return config
 
 

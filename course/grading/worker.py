@@ -149,8 +149,6 @@ def grade_submission(job: Job) -> Outcome:
                                   outcome.failure)
         else:
             run_converter(GenerateFeedback(coursedir=coursedir, config=config))
-            from .feedback import finish_feedback_pages
-            finish_feedback_pages(feedback)
     outcome.seconds = time.perf_counter() - start
     return outcome
 
