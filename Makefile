@@ -78,11 +78,15 @@ test: $(STAMP) browser sandbox book-cache hub
 	$(BIN)/python -m pytest
 
 # The environment every JupyterHub user's server runs in (deploy/README.md, tests/test_hub.py):
-# the hub profile, from a Python every user can run, with JupyterHub's proxy from npm. Where it
-# cannot be built (no npm, no such Python) the hub test is skipped with the reason.
+# the hub profile of the course's learner edition (written to $(HUB_ENV)/course: no solutions, no
+# hidden tests), from a Python every user can run, with JupyterHub's proxy from npm. A change to
+# the course's code writes the edition again (seconds; the packages are reinstalled only when the
+# pins change). Where it cannot be built (no npm, no such Python) the hub test is skipped with the
+# reason.
 HUB_ENV := $(VENV)/hub
+HUB_SOURCES := $(shell find llmcore llmcheck course deploy exercises -type f -not -path '*/__pycache__/*' 2>/dev/null) nbgrader_config.py
 hub: $(HUB_ENV)/.installed
-$(HUB_ENV)/.installed: pyproject.toml requirements/constraints.txt requirements/npm.txt | $(STAMP)
+$(HUB_ENV)/.installed: pyproject.toml requirements/constraints.txt requirements/npm.txt $(HUB_SOURCES) | $(STAMP)
 	@if command -v npm >/dev/null 2>&1; then \
 	  $(BIN)/python -m course.hub env $(HUB_ENV) $(if $(HUB_TORCH_INDEX),--torch-index $(HUB_TORCH_INDEX)) \
 	    && touch $@ \

@@ -14,6 +14,13 @@ c.CourseDirectory.course_id = "algebra-of-llms"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
 
+# nbgrader's exchange with its two open doors closed (course/grading/exchange.py): a submission
+# is writable by its student alone, and collect refuses (and logs) a submission whose folder
+# belongs to anyone but the student it names, then closes what it collects to the instructor.
+from course.grading.exchange import configure_exchange  # noqa: E402
+
+configure_exchange(c)
+
 # What a learner sees in place of each solution.
 c.ClearSolutions.code_stub = {
     "python": "# YOUR CODE HERE\nraise NotImplementedError('replace this line with your code')",

@@ -1,21 +1,27 @@
-# JupyterHub for a class on one machine (deploy/README.md): start it as root from the course's
-# folder with
+# JupyterHub for a class on one machine (deploy/README.md): start it as root with
 #
-#     /opt/algebra-of-llms/bin/jupyterhub -f deploy/jupyterhub_config.py
+#     COURSE_HUB_SSL_CERT=/etc/ssl/hub.crt COURSE_HUB_SSL_KEY=/etc/ssl/hub.key \
+#         /opt/algebra-of-llms/bin/jupyterhub -f /opt/algebra-of-llms/course/deploy/jupyterhub_config.py
 #
 # where /opt/algebra-of-llms is the environment `python -m course.hub env /opt/algebra-of-llms`
-# built (the `hub` profile, readable by every user, with JupyterHub's proxy in its bin/).
+# built (the `hub` profile of the course's learner edition, which it writes to .../course: no
+# solution and no hidden test; readable by every user, with JupyterHub's proxy in its bin/).
 #
 # - Who logs in: the machine's own accounts (PAM: each student's Unix name and password), if
-#   they are in the Unix group COURSE_HUB_GROUP or are instructors.
+#   they are in the Unix group COURSE_HUB_GROUP or are instructors. Nobody is the hub's admin.
 # - What each gets: their own JupyterLab, started as their Unix user in their home folder, from
-#   the course's environment. Students get the learner's profile (course/lab.py: nbgrader's
-#   formgrader, Create Assignment and course list off; the Assignments tab and Validate on);
-#   members of the hub group "instructors" get the instructor's, whose formgrader works on their
-#   clone of the course (COURSE_HUB_COURSE_DIR, read with the course's own nbgrader_config.py:
-#   limits, kernel sandbox, solutions/ and exercises/).
+#   the course's environment; before it starts, the hub closes the home to other users (0700).
+#   Students get the learner's profile (course/lab.py: nbgrader's formgrader, Create Assignment
+#   and course list off; the Assignments tab and Validate on); members of the hub group
+#   "instructors" get the instructor's, whose formgrader works on their clone of the course
+#   (COURSE_HUB_COURSE_DIR, read with the course's own nbgrader_config.py: limits, kernel
+#   sandbox, solutions/ and exercises/), and the role "course-instructor": they may stop and start
+#   the students' servers, never open them.
 # - Every server reads one global nbgrader configuration: the course id of the course's
-#   nbgrader_config.py and the exchange folder COURSE_HUB_EXCHANGE, which every user can write.
+#   nbgrader_config.py, the exchange folder COURSE_HUB_EXCHANGE (root's, sticky; the course's
+#   folder in it the first instructor's: course.hub.prepare_exchange) and the course's exchange
+#   classes (course/grading/exchange.py: a submission its student's alone; collect refuses one
+#   that is not its student's).
 #
 # Settings (environment variables when the hub starts; the defaults suit a real machine):
 #   COURSE_HUB_ENV          the users' Python environment (default: the one running the hub)
@@ -23,15 +29,19 @@
 #                           configuration folders it writes for the users (/srv/algebra-of-llms)
 #   COURSE_HUB_EXCHANGE     nbgrader's exchange (/srv/nbgrader/exchange)
 #   COURSE_HUB_GROUP        the Unix group of the students who may log in (algebra-of-llms)
-#   COURSE_HUB_INSTRUCTORS  comma-separated user names of the instructors (instructor)
+#   COURSE_HUB_INSTRUCTORS  comma-separated user names of the instructors (instructor); the first
+#                           owns the course's folder in the exchange (releases and collects)
 #   COURSE_HUB_COURSE_DIR   where each instructor's clone of the course is (~/algebra-of-llms)
-# Where the hub listens is JupyterHub's own setting: --JupyterHub.bind_url (default
-# http://:8000); put HTTPS in front of it (deploy/README.md) before students log in.
+#   COURSE_HUB_SSL_CERT     HTTPS: the certificate and its key (both, or neither); the hub then
+#   COURSE_HUB_SSL_KEY      serves https://:8000. Without them it listens on 127.0.0.1:8000 only,
+#                           over plain HTTP, for a reverse proxy on this machine that serves HTTPS.
+# --JupyterHub.bind_url on the command line still chooses another address or port.
 import os
 import sys
 from pathlib import Path
 
-from course.hub import course_id
+from course.grading.exchange import EXCHANGE_CLASSES
+from course.hub import close_home, course_id, network_settings, prepare_exchange
 from course.lab import write_profile
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
@@ -45,9 +55,11 @@ ENV = Path(setting("ENV", sys.prefix))
 STATE = Path(setting("STATE", "/srv/algebra-of-llms"))
 EXCHANGE = Path(setting("EXCHANGE", "/srv/nbgrader/exchange"))
 GROUP = setting("GROUP", "algebra-of-llms")
-INSTRUCTORS = sorted(filter(None, setting("INSTRUCTORS", "instructor").split(",")))
+INSTRUCTORS = list(dict.fromkeys(filter(None, (name.strip() for name in setting(
+    "INSTRUCTORS", "instructor").split(",")))))
 COURSE_DIR = setting("COURSE_DIR", "~/algebra-of-llms")
 INSTRUCTORS_GROUP = "instructors"
+STUDENTS_GROUP = "students"
 CONFIG_DIRS = STATE / "jupyter"             # readable by every user
 HUB_DIR = STATE / "hub"                      # the hub's alone
 
@@ -57,12 +69,37 @@ c.JupyterHub.cookie_secret_file = str(HUB_DIR / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(HUB_DIR / "jupyterhub-proxy.pid")
 c.ConfigurableHTTPProxy.command = [str(ENV / "bin" / "configurable-http-proxy")]
 
+# ---------------------------------------------------------------- where it listens
+for name, value in network_settings(setting("SSL_CERT", ""), setting("SSL_KEY", "")).items():
+    setattr(c.JupyterHub, name, value)
+
 # ---------------------------------------------------------------- who logs in
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.allowed_groups = {GROUP}
 c.Authenticator.allowed_users = set(INSTRUCTORS)
+c.Authenticator.admin_users = set()           # nobody may open another's server
+c.JupyterHub.admin_access = False
 c.PAMAuthenticator.open_sessions = False      # no login session per server (none is needed)
-c.JupyterHub.load_groups = {INSTRUCTORS_GROUP: {"users": INSTRUCTORS}}
+
+
+def hub_groups(authenticator, handler, auth_model):
+    """At each login, the hub group of the person: instructors or students (the hub's own
+    groups, which the roles below and the choice of profile read)."""
+    auth_model["groups"] = [INSTRUCTORS_GROUP if auth_model["name"] in INSTRUCTORS
+                            else STUDENTS_GROUP]
+    return auth_model
+
+
+c.Authenticator.manage_groups = True
+c.Authenticator.post_auth_hook = hub_groups
+c.JupyterHub.load_roles = [{
+    "name": "course-instructor",
+    "description": "Stop and start the students' servers (a runaway kernel), without access "
+                   "to them: no 'access:servers', so no file or notebook of theirs.",
+    "scopes": [f"servers!group={STUDENTS_GROUP}", f"list:users!group={STUDENTS_GROUP}",
+               f"read:users:activity!group={STUDENTS_GROUP}"],
+    "users": INSTRUCTORS,
+}]
 
 # ---------------------------------------------------------------- what each user gets
 c.JupyterHub.spawner_class = "localprocess"   # each server a process of its Unix user
@@ -87,7 +124,9 @@ def write_config_dirs() -> None:
         "# Written by deploy/jupyterhub_config.py for every user's server.\n"
         "c = get_config()  # noqa: F821\n"
         f"c.CourseDirectory.course_id = {course_id()!r}\n"
-        f"c.Exchange.root = {str(EXCHANGE)!r}\n", encoding="utf-8")
+        f"c.Exchange.root = {str(EXCHANGE)!r}\n"
+        + "".join(f"c.ExchangeFactory.{action} = {name!r}\n"
+                  for action, name in EXCHANGE_CLASSES.items()), encoding="utf-8")
     course = CONFIG_DIRS / "instructor-course"
     course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(
@@ -109,9 +148,17 @@ def is_instructor(user) -> bool:
     return any(group.name == INSTRUCTORS_GROUP for group in user.groups)
 
 
+def before_spawn(spawner) -> None:
+    """Before a server starts: its user's home closed to others, then the profile."""
+    closed = close_home(spawner.user.name)
+    if closed:
+        spawner.log.warning("course hub: %s", closed)
+    choose_profile(spawner)
+
+
 def choose_profile(spawner) -> None:
-    """Before a server starts: the instructor's or the learner's configuration, then the
-    global nbgrader settings (a user's own ~/.jupyter still comes first)."""
+    """The instructor's or the learner's configuration, then the global nbgrader settings (a
+    user's own ~/.jupyter still comes first)."""
     if is_instructor(spawner.user):
         folders = ["instructor", "instructor-course", "nbgrader"]
     else:
@@ -120,11 +167,10 @@ def choose_profile(spawner) -> None:
         str(CONFIG_DIRS / folder) for folder in folders)}
 
 
-c.Spawner.pre_spawn_hook = choose_profile
+c.Spawner.pre_spawn_hook = before_spawn
 
 HUB_DIR.mkdir(parents=True, exist_ok=True)
 STATE.chmod(0o755)
 HUB_DIR.chmod(0o700)
 write_config_dirs()
-EXCHANGE.mkdir(parents=True, exist_ok=True)
-EXCHANGE.chmod(0o777)                          # nbgrader: every user writes into it
+prepare_exchange(EXCHANGE, course_id(), INSTRUCTORS[0])
