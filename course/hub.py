@@ -34,6 +34,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,11 +148,23 @@ def install_key(torch_index: str | None) -> str:
     return f"{hashlib.sha256(pins).hexdigest()} torch-index={torch_index or ''}\n"
 
 
+def _edition_module():
+    """course/grading/edition.py, loaded on its own: it needs only the standard library, while
+    importing the ``course.grading`` package imports the grader (numpy, nbformat), which the
+    bare Python that builds the hub's environment does not have."""
+    import importlib.util
+    path = ROOT / "course" / "grading" / "edition.py"
+    spec = importlib.util.spec_from_file_location("course_grading_edition", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_edition(target: Path, course: Path = ROOT) -> Path:
     """Write the learner edition of ``course`` to ``target``, replacing the one there (the old
     one is removed only once the new one is complete); every part readable, none writable, by
     other users. Returns ``target``."""
-    from course.grading.edition import learner_edition
+    learner_edition = _edition_module().learner_edition
     fresh = target.with_name(target.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
     learner_edition(course, fresh)
@@ -180,13 +193,18 @@ def close_home(name: str) -> str | None:
     return f"closed {name}'s home {home} to other users ({oct(mode)} -> {oct(HOME_MODE)})"
 
 
-def prepare_exchange(root: Path, course: str, instructor: str) -> list[str]:
+def prepare_exchange(root: Path, course: str, instructor: str,
+                     ids: tuple[int, int] | None = None) -> list[str]:
     """nbgrader's exchange at ``root`` for the course ``course``, set up (as root) so that no
     student can subvert it: ``root`` owned by root with :data:`EXCHANGE_ROOT_MODE`, the course's
     folder and its parts owned by the instructor with :data:`EXCHANGE_MODES`. Anything already
     there that belongs to anyone else is refused (RuntimeError naming it and its owner), never
-    removed. Returns what it changed."""
-    owner = pwd.getpwnam(instructor)
+    removed. ``ids`` gives the instructor's (uid, gid) where this machine has no account of
+    that name (a volume prepared for Kubernetes pods). Returns what it changed."""
+    if ids is None:
+        account = pwd.getpwnam(instructor)
+        ids = (account.pw_uid, account.pw_gid)
+    owner = SimpleNamespace(pw_uid=ids[0], pw_gid=ids[1])
     changed = []
     root.mkdir(parents=True, exist_ok=True)
     _check_owner(root, {0, os.geteuid()}, "root (the hub)")
@@ -274,10 +292,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="a package index for torch alone, for example PyTorch's CPU index "
                           f"{TORCH_CPU_INDEX} (default: the plain pin, which is the CUDA build "
                           "on Linux)")
+    exchange = commands.add_parser(
+        "exchange", help="set up nbgrader's exchange so that no student can subvert it (as root)")
+    exchange.add_argument("root", help="the exchange's folder (for example /srv/nbgrader/exchange)")
+    exchange.add_argument("--instructor", required=True,
+                          help="the instructor who releases and collects (owns the course's "
+                               "folder)")
+    exchange.add_argument("--ids", metavar="UID:GID",
+                          help="the instructor's uid and gid, where this machine has no such "
+                               "account (a volume for Kubernetes pods)")
+    exchange.add_argument("--course",
+                          help="the course id (default: the course's nbgrader_config.py)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "exchange":
+            ids = tuple(int(part) for part in args.ids.split(":")) if args.ids else None
+            for change in prepare_exchange(Path(args.root), args.course or course_id(),
+                                           args.instructor, ids):
+                print(f"course.hub: {change}")
+            return 0
         build_env(args.prefix, args.python, args.torch_index or None)
-    except (RuntimeError, subprocess.CalledProcessError) as error:
+    except (RuntimeError, KeyError, ValueError, subprocess.CalledProcessError) as error:
         print(f"course.hub: {error}", file=sys.stderr)
         return 1
     return 0

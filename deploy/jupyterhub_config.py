@@ -1,7 +1,8 @@
 # JupyterHub for a class on one machine (deploy/README.md): start it as root with
 #
 #     COURSE_HUB_SSL_CERT=/etc/ssl/hub.crt COURSE_HUB_SSL_KEY=/etc/ssl/hub.key \
-#         /opt/algebra-of-llms/bin/jupyterhub -f /opt/algebra-of-llms/course/deploy/jupyterhub_config.py
+#       /opt/algebra-of-llms/bin/jupyterhub \
+#       -f /opt/algebra-of-llms/course/deploy/jupyterhub_config.py
 #
 # where /opt/algebra-of-llms is the environment `python -m course.hub env /opt/algebra-of-llms`
 # built (the `hub` profile of the course's learner edition, which it writes to .../course: no

@@ -241,3 +241,84 @@ def test_hub_config_gives_each_user_their_profile(hub_config, groups, expected, 
     page = json.loads((Path(paths[0]) / "labconfig" / "page_config.json").read_text())
     assert all(page["disabledExtensions"][p] is (expected == "learner")
                for p in INSTRUCTOR_LAB_PLUGINS)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another uid needs root")
+def test_the_exchange_command_prepares_a_volume_for_uids_without_accounts(open_folder, capsys):
+    """``python -m course.hub exchange`` for a Kubernetes volume: the instructor's uid and gid
+    given, no account of that name on this machine."""
+    root = open_folder / "exchange"
+    assert hub.main(["exchange", str(root), "--instructor", "teacher", "--ids", "4321:100",
+                     "--course", "course101"]) == 0
+    info = (root / "course101" / "inbound").stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (4321, 100, 0o3733)
+    assert "inbound" in capsys.readouterr().out
+    assert hub.main(["exchange", str(root), "--instructor", "no-such-user-here",
+                     "--course", "course102"]) == 1
+
+
+# ------------------------------------------------------------------ Zero to JupyterHub's config
+
+Z2JH = ROOT / "deploy" / "zero-to-jupyterhub" / "config.yaml"
+
+
+@pytest.fixture(scope="module")
+def z2jh() -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load(Z2JH.read_text(encoding="utf-8"))
+
+
+def run_hub_snippet(z2jh: dict):
+    """The chart's hub.extraConfig run as the hub runs it, with its roster file."""
+    import builtins
+    import io
+    from traitlets.config import Config
+    roster = z2jh["hub"]["extraFiles"]["course-roster"]
+    opened = {roster["mountPath"]: roster["stringData"]}
+
+    def fake_open(path, *args, **kwargs):
+        return io.StringIO(opened[path]) if path in opened else builtins.open(path, *args, **kwargs)
+    namespace = {"c": Config(), "open": fake_open}
+    for name, code in z2jh["hub"]["extraConfig"].items():
+        exec(compile(code, f"{Z2JH}:hub.extraConfig.{name}", "exec"), namespace)
+    return namespace
+
+
+def test_z2jh_gives_each_user_their_own_uid(z2jh):
+    """Every student a distinct uid from the roster (never the image's shared jovyan); a name
+    missing from the roster starts no server."""
+    namespace = run_hub_snippet(z2jh)
+    c = namespace["c"]
+    environment = c.KubeSpawner.environment.get_value({})     # what .update() added
+    uids = {}
+    for name in ("teacher", "alice", "bob"):
+        spawner = SimpleNamespace(user=SimpleNamespace(name=name))
+        uids[name] = int(environment["NB_UID"](spawner))
+        assert environment["NB_USER"](spawner) == name
+    assert len(set(uids.values())) == 3 and min(uids.values()) >= 2000, uids
+    assert environment["NB_GID"](SimpleNamespace(user=SimpleNamespace(name="teacher"))) == "2000"
+    with pytest.raises(ValueError, match="no uid in the course's roster"):
+        environment["NB_UID"](SimpleNamespace(user=SimpleNamespace(name="mallory")))
+    (role,) = c.JupyterHub.load_roles
+    assert role["users"] == ["teacher"] and "servers!group=students" in role["scopes"]
+    hook = c.Authenticator.post_auth_hook
+    assert hook(None, None, {"name": "alice"})["groups"] == ["students"]
+
+
+def test_z2jh_nbgrader_config_checks_owners_with_the_roster(z2jh):
+    """The pods' nbgrader: the course's exchange classes, the owner check on, and the roster
+    the hub uses (mounted into every pod) naming the uids."""
+    from traitlets.config import Config
+    files = z2jh["singleuser"]["extraFiles"]
+    config = Config()
+    exec(compile(files["nbgrader-config"]["stringData"], "nbgrader-config", "exec"),
+         {"c": config, "get_config": lambda: config})
+    for action, name in EXCHANGE_CLASSES.items():
+        assert config.ExchangeFactory[action] == name
+    assert config.CollectApp.check_owner is True
+    assert config.OwnerCheckedCollect.uid_roster == files["course-roster"]["mountPath"]
+    assert files["course-roster"]["stringData"] == \
+        z2jh["hub"]["extraFiles"]["course-roster"]["stringData"]
+    assert config.CourseDirectory.course_id == hub.course_id()
+    assert z2jh["hub"]["config"]["JupyterHub"]["admin_access"] is False
+    assert z2jh["proxy"]["https"]["enabled"] is True

@@ -112,7 +112,7 @@ def test_collect_closes_what_it_collects(tmp_path, inbound):
 def test_collect_names_owners_from_a_roster(tmp_path, inbound):
     """Servers whose uids the machine does not name (Kubernetes): the roster says whose is whose."""
     roster = tmp_path / "uids.json"
-    roster.write_text(json.dumps({"alice": STRANGER_UID, "bob": STRANGER_UID + 1}))
+    roster.write_text(json.dumps({"uids": {"alice": STRANGER_UID, "bob": STRANGER_UID + 1}}))
     submission(inbound, "alice", "2026-01-01 10:00:00.000000 UTC", "alice's", uid=STRANGER_UID)
     submission(inbound, "alice", "2026-01-01 11:00:00.000000 UTC", "bob's", uid=STRANGER_UID + 1)
     app = collect(tmp_path, uid_roster=str(roster))

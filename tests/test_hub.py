@@ -460,8 +460,8 @@ def as_user(name: str, base: Path, plan: list[dict]) -> dict:
     plan_file.chmod(0o644)
     env = {"PATH": f"{HUB_ENV / 'bin'}:/usr/bin:/bin", "HOME": str(home_of(name)),
            "LANG": "C.UTF-8"}
-    done = subprocess.run([shutil.which("runuser"), "-u", name, "--", str(HUB_ENV / "bin" / "python"),
-                           str(script), str(plan_file)], cwd=folder, env=env, text=True,
+    done = subprocess.run([shutil.which("runuser"), "-u", name, "--",
+                           str(HUB_ENV / "bin" / "python"), str(script), str(plan_file)], cwd=folder, env=env, text=True,
                           capture_output=True, timeout=300)
     assert done.returncode == 0, f"the attacker's script failed: {done.stderr[-3000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -763,7 +763,7 @@ def test_each_student_fetches_only_their_own_feedback(hub_class):
                 assert other not in page, f"{name}'s feedback mentions {other}"
 
 
-# ------------------------------------------------------------------ no student reads or changes another's work
+# ------------------------------------------------------------------ nobody's work is another's
 
 def test_every_home_is_closed_before_its_server_starts(hub_class):
     """The README's users are made 0700; bob's home was made open (Debian's default) and the hub
@@ -778,6 +778,16 @@ def test_the_exchange_belongs_to_root_and_the_instructor(hub_class):
     teacher = pwd.getpwnam(INSTRUCTOR).pw_uid
     assert modes["exchange"] == (0o1777, 0), modes
     assert modes[f"exchange/{cid}"] == (0o755, teacher), modes
+
+
+def test_every_attack_is_printed(hub_class, capsys):
+    """What the attacker tried and what each attempt got (for the record)."""
+    lines = [f"  {name:55} {outcome}" for name, outcome in hub_class["attacks"].items()]
+    lines += [f"  API: {name:50} HTTP {status}"
+              for name, (status, _) in hub_class["api_attacks"].items()]
+    with capsys.disabled():
+        print(f"\n{ATTACKER}'s attempts (as his own Unix user and API token)\n" + "\n".join(lines))
+    assert len(lines) == len(hub_class["attacks"]) + len(hub_class["api_attacks"])
 
 
 def test_every_attack_on_the_files_is_refused(hub_class):
@@ -812,7 +822,7 @@ def test_collected_submissions_are_the_instructors_alone(hub_class):
 
 
 def test_every_attack_on_the_hubs_api_is_refused(hub_class):
-    seen = hub_class["api_attacks"]
+    seen = dict(hub_class["api_attacks"])
     status, users = seen.pop("list every user")
     assert status == 403 or [u["name"] for u in users] == [ATTACKER], (status, users)
     allowed = {name: answer for name, answer in seen.items() if answer[0] not in (403, 404)}

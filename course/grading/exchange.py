@@ -16,9 +16,10 @@ by a class (its issues #978 and #1225):
   everyone but the instructor (folders 0700, files 0600; with nbgrader's ``groupshared``, the
   instructors' group keeps its access).
 
-Who owns a file is its owner's user name (``pwd``); where the students' servers run under uids that
-the instructor's machine does not name (Kubernetes, ``deploy/zero-to-jupyterhub``), a roster file
-maps each student to their uid (``OwnerCheckedCollect.uid_roster``, JSON ``{"alice": 1001}``).
+Who owns a file is its owner's user name (``pwd``); where the students' servers run under uids
+that the instructor's machine does not name (Kubernetes), a roster file maps each student to
+their uid (``OwnerCheckedCollect.uid_roster``: JSON ``{"uids": {"alice": 2001}}``, the roster of
+``deploy/zero-to-jupyterhub/config.yaml``).
 
 :func:`configure_exchange` sets both classes in an nbgrader configuration; ``nbgrader_config.py``
 (the instructor's commands) and the hub's global configuration (the students' servers) call it.
@@ -85,8 +86,8 @@ class OwnerCheckedCollect(ExchangeCollect):
     ``check_owner`` is on, nbgrader's default), and closing what it collects."""
 
     uid_roster = Unicode(
-        "", help="A JSON file {student: uid} naming the owner of each uid, for servers whose "
-                 "users this machine's accounts do not name (empty: the machine's accounts)."
+        "", help="A JSON file {'uids': {student: uid}} naming the owner of each uid, for servers "
+                 "whose users this machine's accounts do not name (empty: its accounts)."
     ).tag(config=True)
 
     refused: list[str]
@@ -95,7 +96,7 @@ class OwnerCheckedCollect(ExchangeCollect):
         """The user name owning ``path`` (not following a link), or ``uid <n>`` if unknown."""
         uid = os.lstat(path).st_uid
         if self.uid_roster:
-            roster = json.loads(Path(self.uid_roster).read_text(encoding="utf-8"))
+            roster = json.loads(Path(self.uid_roster).read_text(encoding="utf-8"))["uids"]
             names = [name for name, known in roster.items() if int(known) == uid]
             return names[0] if len(names) == 1 else f"uid {uid}"
         try:
