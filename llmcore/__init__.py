@@ -6,12 +6,12 @@ Importing llmcore has no side effects: it prints nothing and picks no device.
 """
 
 from .attention import attention, attention_loop
-from .batching import generate_batch, pad_batch
+from .batching import pad_batch
 from .block_allocator import BlockAllocator, OutOfBlocks
 from .checkpoint import load_gpt2, save_gpt2
 from .device import describe_machine, pick_device
 from .ffn import ffn, ffn_loop, gelu
-from .generate import decode_steps, generate
+from .generate import decode_steps, generate, generate_batch, make_step
 from .sampling import sample
 from .kvcache import KVCache, kv_bytes_per_token
 from .matmul import dot_loop, linear, linear_loop, matmul, matmul_loop
@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BlockAllocator", "GPT", "GPTConfig", "KVCache", "OutOfBlocks", "PagedKVCache", "Request",
     "Scheduler", "SharedPrefixCache", "generate_batch", "pad_batch", "serve", "NEG_INF", "attention", "attention_loop", "causal_mask",
-    "decode_steps", "describe_machine", "dot_loop", "ffn", "ffn_loop", "fuse_qkv", "gelu",
+    "decode_steps", "describe_machine", "make_step", "dot_loop", "ffn", "ffn_loop", "fuse_qkv", "gelu",
     "generate", "kv_bytes_per_token", "layer_norm", "layer_norm_loop", "linear", "linear_loop",
     "load_gpt2", "load_pretrained", "matmul", "matmul_loop", "merge_heads", "multihead_attention",
     "multihead_attention_loop", "multihead_attention_qkv", "pick_device", "qkv_projection",

@@ -3,15 +3,16 @@
 Generation alternates: run the model on the new tokens (the prompt first, then the token just
 picked), take the last position's logits (b, v), pick a token per sequence, repeat. How the model
 is run is the step's business, and the only part the two paths do differently: the teaching path
-(:class:`llmcore.generate.ModelStep`, ``GPT.forward`` with a KV cache or without one) and the
+(:class:`llmcore.generate.TeachingStep`, ``GPT.forward`` with a KV cache or without one) and the
 fast path (:class:`llmcore.fastpath.FastStep`) hand their step to the same :func:`decode`, as
-vLLM's model runners share one scheduler loop. Chapters 6 and 7.
+vLLM's model runners share one scheduler loop. Each turn yields a :class:`StepResult` (the
+logits and the picks); :func:`collect` turns them into token ids. Chapters 6 and 7.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -30,8 +31,9 @@ class Step(Protocol):
 
 
 @dataclass(frozen=True)
-class DecodeStep:
-    """One generation step. logits: (b, v), the last row's logits; tokens: (b,), the pick."""
+class StepResult:
+    """What one turn of :func:`decode` gives: logits (b, v), the last row's; tokens (b,), the
+    pick."""
 
     logits: Tensor
     tokens: Tensor
@@ -52,7 +54,7 @@ def check_request(model, prompt_ids: Tensor, max_new_tokens: int) -> tuple[int, 
 
 
 def decode(step: Step, prompt_ids: Tensor, max_new_tokens: int, *,
-           pick: Pick) -> Iterator[DecodeStep]:
+           pick: Pick) -> Iterator[StepResult]:
     """The generation loop: yield each step's last-row logits and picked
     tokens.
 
@@ -63,26 +65,31 @@ def decode(step: Step, prompt_ids: Tensor, max_new_tokens: int, *,
     for _ in range(max_new_tokens):
         logits = step(new)                                          # (b, v)
         tokens = pick(logits)                                       # (b,)
-        yield DecodeStep(logits, tokens)
+        yield StepResult(logits, tokens)
         new = tokens[:, None]                                       # (b, 1)
 
 
-def collect(steps: Iterable[DecodeStep], prompt_ids: Tensor, *,
-            eos_id: int | None = None) -> Tensor:
+def collect(results: Iterable[StepResult], prompt_ids: Tensor, *,
+            eos_id: int | None = None, limits: Sequence[int] | None = None) -> Tensor:
     """The prompt followed by each step's tokens: (b, n) -> (b, n + t).
 
-    A sequence that emits ``eos_id`` stops: its later entries repeat eos_id, and collecting ends
-    once every sequence has stopped (t may be fewer than the steps on offer). Chapter 6.
+    A sequence that emits ``eos_id`` stops: its later entries repeat eos_id. ``limits``: the
+    most new tokens of each sequence (b,); one that has them stops too, its later entries left
+    for the caller to cut. Collecting ends once every sequence has stopped (t may be fewer than
+    the steps on offer). Chapters 6 and 8.
     """
     out = [prompt_ids]
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
-    for step in steps:
-        tokens = step.tokens
+    full = None if limits is None else torch.as_tensor(limits, device=prompt_ids.device)
+    for count, result in enumerate(results, start=1):
+        tokens = result.tokens
         if eos_id is not None:
             eos = torch.full_like(tokens, eos_id)
             tokens = torch.where(done, eos, tokens)
             done = done | (tokens == eos_id)
+        if full is not None:
+            done = done | (full <= count)
         out.append(tokens[:, None])                              # (b, 1)
-        if eos_id is not None and bool(done.all()):
+        if (eos_id is not None or full is not None) and bool(done.all()):
             break
     return torch.cat(out, dim=1)                                 # (b, n + t)

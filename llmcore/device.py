@@ -9,7 +9,6 @@ cell of a chapter or at the top of a script::
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 
@@ -76,32 +75,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-DEFAULT_LAST_LEVEL_CACHE = 32 * 2**20
-"""What :func:`last_level_cache_bytes` assumes where the OS does not say (a common L3 size)."""
-
-
-@functools.lru_cache(maxsize=None)
-def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
-    """The size of the CPU's largest cache level, in bytes, as Linux reports it under ``root``
-    (``index*/level`` and ``index*/size``, e.g. "32768K"); :data:`DEFAULT_LAST_LEVEL_CACHE`
-    elsewhere. Weights larger than this stream from memory at every decode step. Read once
-    per root (the hardware does not change; every ``generate(..., fast=True)`` asks)."""
-    sizes = {}
-    try:
-        for entry in os.listdir(root):
-            if not entry.startswith("index"):
-                continue
-            with open(os.path.join(root, entry, "level"), encoding="ascii") as f:
-                level = int(f.read())
-            with open(os.path.join(root, entry, "size"), encoding="ascii") as f:
-                text = f.read().strip()
-            unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
-            sizes[level] = int(text.rstrip("KkMmGg")) * unit
-    except (OSError, ValueError):
-        return DEFAULT_LAST_LEVEL_CACHE
-    return sizes[max(sizes)] if sizes else DEFAULT_LAST_LEVEL_CACHE
 
 
 def usable_cores() -> int:

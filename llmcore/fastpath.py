@@ -16,18 +16,10 @@ arithmetic. This module runs the same weights with what a serving engine does in
 5. a static cache allocated once for prompt + new tokens, written in place; positions and masks
    are slices of tensors made once, so a step makes no per-step dtype or device copies;
 6. optionally ``torch.compile`` of the per-layer step (``compile=True``);
-7. optionally fewer bytes per weight (``precision=``, chapter 13): "bf16" keeps every matrix and
-   the KV cache in bfloat16; "int8" stores the matrices as int8 with one scale per output
-   channel and runs PyTorch's weight-only int8 kernel (``aten._weight_int8pack_mm``); "int4"
-   stores the block matrices as 4-bit codes in groups along d_in and runs PyTorch's CPU int4
-   kernel (``aten._weight_int4pack_mm_for_cpu``), its head in int8. The three feed the
-   matrices bfloat16 activations (the kernels are fast only then) and keep in float32 what must
-   stay there: the residual stream, the norms (computed on it) and the embeddings; the kernels
-   accumulate their dot products and SDPA its softmax in float32. "w8a8" stores the same int8
-   codes and scales as "int8" but rounds the activations too, each row (token) to its own
-   integer codes, and multiplies integers by integers (fbgemm's int8 GEMM, the kernel under
-   PyTorch's dynamic quantization; a CPU instruction such as AVX-512 VNNI does 64 int8
-   multiply-adds at once): the activations, cache and stream stay float32 around it.
+7. optionally fewer bytes per weight (``precision=``, chapter 13): "bf16", "int8", "w8a8" or
+   "int4", each a row of :data:`llmcore.lowbit.FORMATS` (how a matrix is stored, its product,
+   the head's); the residual stream, the norms (computed on it) and the embeddings stay in
+   float32.
 
 :class:`FastDecoder` is the step every decoder shares (embed, blocks, last row's logits); a
 :class:`FastGPT` or :class:`FastLlama` fills in its model's block. :class:`FastStep` is what
@@ -38,26 +30,19 @@ the same logits and the same tokens. Chapter 7 (the fast path).
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .device import last_level_cache_bytes
 from .layout import check_attention_mask
 from .llama import Llama
+from .lowbit import (FORMATS, bytes_of, format_of, pack, packed_linear, packed_linear_available,
+                     plain_linear)
 from .model import GPT
-from .quantize import INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8, unpack_int4
 from .rope import rope_tables, rotate_half
 from .storage import storage_bytes
-
-PRECISIONS = ("fp32", "bf16", "int8", "w8a8", "int4")
-"""What ``precision=`` accepts (None: the model's own dtype and tensors)."""
-
-INT4_GROUP_SIZE = 32
-"""Rows of W per int4 scale and zero point in the fast path (d_in must be a multiple)."""
 
 
 class StaticCache:
@@ -77,208 +62,22 @@ class StaticCache:
         self.length = 0
 
 
-def packed_linear_available(model, dtype: torch.dtype | None = None) -> bool:
-    """Whether the fast path can use oneDNN's prepacked matrix products for ``model`` with its
-    matrices in ``dtype`` (default: the model's): a CPU model, float32 (or bfloat16 where
-    oneDNN supports it on this CPU) and a torch built with oneDNN (mkldnn)."""
-    dtype = model.dtype if dtype is None else dtype
-    if not (model.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float32
+PACK_ONE_ROW_ABOVE_BYTES = 32 * 2**20
+"""Weights larger than this (each storage once) take oneDNN's packed product even for one row.
+
+A decode step of such a model reads its weights from memory, not from the CPU's last-level
+cache (a common size, and this course machine's: 32 MiB), and oneDNN's packed layout reads them
+faster than ``addmm`` (GPT-2 small, one row: about 22 ms against 28.5 ms on the course's 2-core
+machine); a model that stays in the cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays
+less per call with plain ``addmm``. A measured rule with a named threshold, not a probe of the
+machine: ``fast_model(model, pack=True)`` or ``pack=False`` chooses for another CPU."""
 
 
-def streams_from_memory(model) -> bool:
-    """Whether a decode step must read ``model``'s parameters from memory: more bytes than the
-    CPU's last-level cache (:func:`llmcore.device.last_level_cache_bytes`). Then oneDNN's
-    packed layout reads them faster than ``addmm`` even for one row (GPT-2 small, one row:
-    about 22 ms against 28.5 ms on the course's 2-core machine); a model that stays in the
-    cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays less per call with plain
-    ``addmm``. Each storage counts once (a tied embedding and head are one matrix)."""
-    return storage_bytes(model.parameters()) > last_level_cache_bytes()
-
-
-def _pack(weight: Tensor, batch_size: int, *, transposed: bool = True) -> Tensor:
-    """weight (d_in, d_out) (or (d_out, d_in) when not transposed) in oneDNN's blocked layout for
-    products with about batch_size rows: an opaque tensor only :func:`_packed_linear` reads."""
-    w = weight.detach()
-    return torch.ops.mkldnn._reorder_linear_weight(w.t() if transposed else w, batch_size)
-
-
-def _plain_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """x (rows, d_in) @ w (d_in, d_out) + b: one torch.addmm (torch.mm without a bias)."""
-    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
-
-
-def _packed_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """The same product with w prepacked by :func:`_pack` (oneDNN's kernel)."""
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-
-class Int8Linear(NamedTuple):
-    """A (d_in, d_out) matrix as PyTorch's weight-only int8 kernel reads it: ``values``
-    (d_out, d_in) int8 (the transpose of :class:`llmcore.quantize.Int8Weight`'s) and ``scale``
-    (d_out,) in the activations' dtype."""
-
-    values: Tensor
-    scale: Tensor
-
-
-class Int4Linear(NamedTuple):
-    """A (d_in, d_out) matrix as PyTorch's CPU int4 kernel reads it: its own packing of the
-    codes (``aten._convert_weight_to_int4pack_for_cpu`` of the (d_out, d_in) codes), and per
-    group and column (scale, offset) with ``w = (code - 8) * scale + offset``, so offset =
-    (8 - zero) * scale for llmcore's ``(code - zero) * scale``."""
-
-    packed: Tensor
-    scale_and_offset: Tensor     # (d_in // group_size, d_out, 2)
-    group_size: int
-
-
-def int8_linear(weight: Tensor, dtype: torch.dtype) -> Int8Linear:
-    """weight (d_in, d_out) -> :class:`Int8Linear`: :func:`llmcore.quantize.quantize_int8`
-    laid out for ``aten._weight_int8pack_mm``, the scale in ``dtype`` (the activations')."""
-    q = quantize_int8(weight.detach())
-    return Int8Linear(q.values.t().contiguous(), q.scale.to(dtype))
-
-
-def int4_linear(weight: Tensor, dtype: torch.dtype,
-                group_size: int = INT4_GROUP_SIZE) -> Int4Linear:
-    """weight (d_in, d_out) -> :class:`Int4Linear`: :func:`llmcore.quantize.quantize_int4`
-    (with zero points) laid out for ``aten._weight_int4pack_mm_for_cpu``. The kernel wants
-    d_out a multiple of 16."""
-    d_in, d_out = weight.shape
-    if d_out % 16:
-        raise ValueError(f"int4: PyTorch's CPU kernel needs d_out divisible by 16, got a "
-                         f"({d_in}, {d_out}) matrix")
-    q = quantize_int4(weight.detach(), group_size)
-    codes = unpack_int4(q.packed).t().contiguous().to(torch.int32)            # (d_out, d_in)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    offset = (INT4_SYMMETRIC_ZERO - q.zero) * q.scale
-    return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
-
-
-W8A8_PIN = torch.tensor([[1.0, -1.0]])
-"""The two columns appended to every row of w8a8's activations, fixing their range to [-1, 1]."""
-
-
-class W8A8Linear(NamedTuple):
-    """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
-    scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
-    bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales) over
-    d_in + 2 rows, the last two zero: they meet the two columns :data:`W8A8_PIN` appended to
-    the activations (see :func:`_w8a8_linear`)."""
-
-    packed: object
-    d_in: int
-    d_out: int
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.d_in * self.d_out + 4 * self.d_out
-
-
-def w8a8_available(device: torch.device) -> bool:
-    """Whether this torch has the int8 x int8 kernel for ``device``: PyTorch's quantized
-    linear ops with the fbgemm (x86) engine, on the CPU only."""
-    engines = torch.backends.quantized.supported_engines
-    return (device.type == "cpu" and hasattr(torch.ops.quantized, "linear_dynamic")
-            and ("fbgemm" in engines or "x86" in engines))
-
-
-def w8a8_linear(weight: Tensor) -> W8A8Linear:
-    """weight (d_in, d_out) float32 -> :class:`W8A8Linear`: :func:`llmcore.quantize.quantize_int8`
-    (the codes and scales the "int8" precision stores), packed once for fbgemm. fbgemm takes
-    its codes as one of PyTorch's quantized tensors, an API torch 2.13 deprecates: its warning
-    is silenced here, where the packing happens, and nowhere else."""
-    d_in, d_out = weight.shape
-    q = quantize_int8(weight.detach().float())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        codes = torch.cat([q.values.t(), q.values.new_zeros(d_out, 2)], dim=1)
-        codes = torch._make_per_channel_quantized_tensor(
-            codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
-        packed = torch.ops.quantized.linear_prepack(codes, None)
-    return W8A8Linear(packed, d_in, d_out)
-
-
-def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
-    """x (rows, d_in) float32 on the CPU @ the int8 matrix (+ b (d_out,)) -> (rows, d_out)
-    float32, the activations rounded to integers one row at a time (:func:`_w8a8_linear`
-    says how). Checks its operands and names what it expected; the fast path calls
-    :func:`_w8a8_linear` directly, having checked once. Chapter 13."""
-    if not isinstance(w, W8A8Linear):
-        raise TypeError(f"w: expected a W8A8Linear (w8a8_linear), got {type(w).__name__}")
-    if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.float32 \
-            or x.device.type != "cpu":
-        raise ValueError(f"x: expected a float32 matrix (rows, {w.d_in}) on the CPU, got "
-                         f"{getattr(x, 'dtype', type(x).__name__)} "
-                         f"{tuple(getattr(x, 'shape', ()))} on {getattr(x, 'device', '-')}")
-    if x.shape[1] != w.d_in:
-        raise ValueError(f"x has {x.shape[1]} columns but the matrix has d_in = {w.d_in}")
-    if b is not None and tuple(b.shape) != (w.d_out,):
-        raise ValueError(f"b: expected shape ({w.d_out},), got {tuple(b.shape)}")
-    return _w8a8_linear(x.contiguous(), w, b)
-
-
-def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
-    """x (rows, d_in) float32 @ the int8 matrix (+ b) with int8 activations, one scale per row.
-
-    fbgemm's dynamic kernel rounds its whole input with one scale from the input's min and max
-    (a row's codes would then depend on the rest of its batch). So each row is first divided
-    by its largest magnitude r (every row in [-1, 1]) and gains two columns, +1 and -1, that
-    meet the matrix's two zero rows (they add nothing to the product): the input's range is
-    then [-1, 1] on every call, so the kernel's scale never changes, each row is rounded on
-    its own, and row i of the product, times r[i], is x[i] W whatever the batch. The kernel
-    keeps about 7 bits per activation (``reduce_range``, what PyTorch's dynamic quantization
-    uses, so that CPUs without VNNI cannot overflow their 16-bit pair sums): x[i] / r[i]
-    rounded in steps of 2 / 127, integer codes from -64 to 64 (tested against that float64
-    model in tests/test_fastpath_precision.py)."""
-    r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
-    rows = torch.cat([x / r, W8A8_PIN.expand(x.shape[0], 2)], dim=1)        # (rows, d_in + 2)
-    out = torch.ops.quantized.linear_dynamic(rows, w.packed, True)
-    return out.mul_(r) if b is None else torch.addcmul(b, out, r)
-
-
-def _int8_linear(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
-    """x (rows, d_in) @ the int8 matrix (+ b): PyTorch's weight-only int8 kernel."""
-    out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
-    return out if b is None else out.add_(b)
-
-
-def _int4_linear(x: Tensor, w: Int4Linear, b: Tensor | None) -> Tensor:
-    """x (rows, d_in) @ the int4 matrix (+ b): PyTorch's CPU int4 kernel."""
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group_size,
-                                                     w.scale_and_offset)
-    return out if b is None else out.add_(b)
-
-
-def bytes_of(weights) -> int:
-    """Bytes of the weights in ``weights``: a tensor, a :class:`W8A8Linear` (its codes and
-    scales), or (nested) tuples and lists of them."""
-    if isinstance(weights, Tensor):
-        return weights.numel() * weights.element_size()
-    if isinstance(weights, W8A8Linear):
-        return weights.weight_bytes
-    if isinstance(weights, (tuple, list)):
-        return sum(bytes_of(part) for part in weights)
-    return 0
-
-
-def check_precision(precision: str | None, model) -> None:
-    """None or one of :data:`PRECISIONS`, and a kernel for it on the model's device."""
-    if precision is not None and precision not in PRECISIONS:
-        raise ValueError(f"precision: expected None or one of {PRECISIONS}, got {precision!r}")
-    if precision == "int4" and model.device.type not in ("cpu", "meta"):
-        raise ValueError(f"precision='int4' uses PyTorch's CPU int4 kernel; the model is on "
-                         f"{model.device}")
-    if precision == "w8a8" and not w8a8_available(model.device):
-        raise ValueError(f"precision='w8a8' uses PyTorch's int8 x int8 CPU kernel (fbgemm); "
-                         f"the model is on {model.device}, and this torch's quantized engines "
-                         f"are {torch.backends.quantized.supported_engines}")
+def streams_from_memory(model, threshold: int = PACK_ONE_ROW_ABOVE_BYTES) -> bool:
+    """Whether ``model``'s parameters (each storage once: a tied embedding and head are one
+    matrix) are more than ``threshold`` bytes, so that a decode step streams them from memory
+    (:data:`PACK_ONE_ROW_ABOVE_BYTES`). Chapter 7 (the fast path)."""
+    return storage_bytes(model.parameters()) > threshold
 
 
 class FastDecoder:
@@ -292,10 +91,12 @@ class FastDecoder:
     copy), so the fast path sees the model's current parameters; from 2 rows on, a CPU float32
     model's products run on oneDNN's prepacked copies of each block's matrices (``w_*``) and of
     the output projection (``self.head``), made here (build a new one after changing the model,
-    as ``generate(..., fast=True)`` does on every call); so do one row's when the weights do not
-    fit in the CPU's cache (:func:`streams_from_memory`); otherwise one row runs the plain
-    ``addmm``, which costs less per call. "bf16", "int8", "w8a8", "int4": this object holds
-    its own copies of the matrices in that format (see the module's docstring), made here from
+    as ``generate(..., fast=True)`` does on every call); so do one row's when the weights are
+    larger than a CPU's cache (:func:`streams_from_memory`); otherwise one row runs the plain
+    ``addmm``, which costs less per call. ``pack`` (True or False) overrides that rule; packing
+    needs oneDNN and is never used with ``compile`` or an integer format. "bf16", "int8",
+    "w8a8", "int4": this object holds its own copies of the matrices in that format (its row
+    of :data:`llmcore.lowbit.FORMATS`), made here from
     the weights of this moment; ``dtype`` is the matrices' activations and the KV cache's
     dtype (bfloat16; float32 for w8a8, whose kernel rounds float32 activations itself), and
     ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
@@ -304,27 +105,26 @@ class FastDecoder:
     """
 
     def __init__(self, model, *, compile: bool = False, batch_size: int = 1,
-                 precision: str | None = None):
-        check_precision(precision, model)
+                 precision: str | None = None, pack: bool | None = None):
+        self.format = format_of(precision, model.device)     # its row of the formats' table
+        self.head_format = (self.format if self.format.head is None
+                            else FORMATS[self.format.head])
         c = model.config
         self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
         self.group = c.n_heads // c.kv_heads
-        self.dtype = {None: model.dtype, "fp32": torch.float32,
-                      "w8a8": torch.float32}.get(precision, torch.bfloat16)
+        self.dtype = self.format.dtype or model.dtype
         low = self.dtype in (torch.bfloat16, torch.float16)
         self.stream_dtype = torch.float32 if low else self.dtype
-        self.own = precision in (None, "fp32") and self.dtype == model.dtype
-        quantized = precision in ("int8", "w8a8", "int4")
-        self.packed = (not compile and not quantized
-                       and packed_linear_available(model, self.dtype)
-                       and (batch_size >= 2 or self.dtype == torch.bfloat16
-                            or streams_from_memory(model)))
-        plain = _packed_linear if self.packed else _plain_linear
-        self.linear = {"int8": _int8_linear, "w8a8": _w8a8_linear,
-                       "int4": _int4_linear}.get(precision, plain)
-        self.head_linear = {"w8a8": _w8a8_linear}.get(
-            precision, _int8_linear if quantized else plain)
+        self.own = self.format.own and self.dtype == model.dtype
+        can_pack = (not compile and self.format.prepare is None
+                    and packed_linear_available(model.device, self.dtype))
+        if can_pack and pack is None:
+            pack = batch_size >= 2 or self.dtype == torch.bfloat16 or streams_from_memory(model)
+        self.packed = can_pack and bool(pack)
+        plain = packed_linear if self.packed else plain_linear
+        self.linear = self.format.linear or plain
+        self.head_linear = self.head_format.linear or plain
         self.batch_size = batch_size
         with torch.inference_mode(False):       # normal tensors, usable in any mode
             self.blocks = [self.prepare_block(self.block_weights(block))
@@ -334,18 +134,16 @@ class FastDecoder:
         self.block = torch.compile(self._block, dynamic=True) if compile else self._block
 
     def prepare_matrix(self, weight: Tensor, *, head: bool = False):
-        """weight (d_in, d_out) as this object's linear reads it: the model's tensor, a cast
-        copy, oneDNN's packed copy, an :class:`Int8Linear` (int8, and the head of int4), a
-        :class:`W8A8Linear` or an :class:`Int4Linear`."""
+        """weight (d_in, d_out) as this object's linear (or head_linear) reads it: what its
+        format prepares (an :class:`llmcore.lowbit.Int8Linear`, ``W8A8Linear`` or
+        ``Int4Linear``), else the model's tensor cast to ``dtype``, packed for oneDNN when
+        ``packed``."""
+        fmt = self.head_format if head else self.format
         w = weight.detach()
-        if self.precision == "w8a8":
-            return w8a8_linear(w)
-        if self.precision == "int8" or (self.precision == "int4" and head):
-            return int8_linear(w, self.dtype)
-        if self.precision == "int4":
-            return int4_linear(w, self.dtype)
+        if fmt.prepare is not None:
+            return fmt.prepare(w, self.dtype)
         w = w.to(self.dtype)
-        return _pack(w, self.batch_size) if self.packed else w
+        return pack(w, self.batch_size) if self.packed else w
 
     def prepare_block(self, weights: NamedTuple) -> NamedTuple:
         """One block's tensors for this precision: matrices (``w_*``) by
@@ -465,10 +263,11 @@ class FastGPT(FastDecoder):
     own head. Chapters 7 and 13."""
 
     def __init__(self, model: GPT, *, compile: bool = False, batch_size: int = 1,
-                 precision: str | None = None):
+                 precision: str | None = None, pack: bool | None = None):
         self.eps = model.config.ln_eps
         self._output: tuple[tuple, Tensor] | None = None     # (embedding key, its transpose)
-        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision)
+        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision,
+                         pack=pack)
         ln_f = model.ln_f
         self.ln_f = (ln_f.scale.detach().to(self.stream_dtype),
                      ln_f.shift.detach().to(self.stream_dtype))
@@ -559,10 +358,11 @@ class FastLlama(FastDecoder):
     biases, and the untied head ``lm_head`` (d, v) read as it is. Chapter 11."""
 
     def __init__(self, model: Llama, *, compile: bool = False, batch_size: int = 1,
-                 precision: str | None = None):
+                 precision: str | None = None, pack: bool | None = None):
         c = model.config
         self.eps = c.rms_eps
-        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision)
+        super().__init__(model, compile=compile, batch_size=batch_size, precision=precision,
+                         pack=pack)
         dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         every = torch.arange(c.max_seq_len, device=model.device)
         with torch.inference_mode(False):
@@ -616,14 +416,16 @@ class FastLlama(FastDecoder):
 
 
 def fast_model(model, *, compile: bool = False, batch_size: int = 1,
-               precision: str | None = None) -> FastDecoder:
-    """The fast path's arrangement of ``model`` in ``precision`` (None, "fp32", "bf16",
-    "int8", "int4"; see :class:`FastDecoder`): a :class:`FastGPT` for a GPT, a
-    :class:`FastLlama` for a Llama; any other model is refused, naming those two."""
+               precision: str | None = None, pack: bool | None = None) -> FastDecoder:
+    """The fast path's arrangement of ``model`` in ``precision`` (None or one of
+    :data:`llmcore.lowbit.PRECISIONS`: "fp32", "bf16", "int8", "w8a8", "int4"; see
+    :class:`FastDecoder`): a :class:`FastGPT` for a GPT, a :class:`FastLlama` for a Llama; any
+    other model is refused, naming those two. Chapters 7 and 13."""
+    options = dict(compile=compile, batch_size=batch_size, precision=precision, pack=pack)
     if isinstance(model, GPT):
-        return FastGPT(model, compile=compile, batch_size=batch_size, precision=precision)
+        return FastGPT(model, **options)
     if isinstance(model, Llama):
-        return FastLlama(model, compile=compile, batch_size=batch_size, precision=precision)
+        return FastLlama(model, **options)
     raise TypeError(f"the fast path serves llmcore's GPT and Llama models, got "
                     f"{type(model).__name__}")
 

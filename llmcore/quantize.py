@@ -16,8 +16,8 @@ The symmetric form fixes z = 8 (codes 1..15 stand for -7..7 times s). Rounding t
 code keeps every weight within half a step of its value: ``|W - dequantize(quantize(W))| <=
 s / 2``. :func:`quantized_matmul` is the product with the scale (and the zero point) outside,
 group by group; :func:`fake_quantize` rounds a whole model's matrices to measure what the
-rounding costs. The fast path (:mod:`llmcore.fastpath`) runs the same formats on PyTorch's
-kernels. Chapter 13.
+rounding costs. The fast path runs the same formats on PyTorch's kernels
+(:mod:`llmcore.lowbit`). Chapter 13.
 """
 
 from __future__ import annotations
@@ -37,8 +37,12 @@ INT4_LEVELS = 15
 INT4_SYMMETRIC_ZERO = 8
 """The zero point of the symmetric int4 form: code 8 stands for 0."""
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
-"""The precisions :func:`fake_quantize` knows (fp32 leaves the weights as they are)."""
+ROUNDINGS = ("fp32", "bf16", "fp16", "int8", "int4")
+"""The roundings :func:`fake_quantize` knows (fp32 leaves the weights as they are); the fast
+path's kernels are :data:`llmcore.lowbit.PRECISIONS`."""
+
+INT4_GROUP_SIZE = 32
+"""Rows of W per int4 scale and zero point, unless a caller names another group size."""
 
 
 class Int8Weight(NamedTuple):
@@ -147,7 +151,7 @@ def _check_group(d_in: int, group_size: int) -> None:
         raise ValueError(f"d_in ({d_in}) is not divisible by group_size ({group_size})")
 
 
-def quantize_int4(w: Tensor, group_size: int = 32, *, zero_point: bool = True) -> Int4Weight:
+def quantize_int4(w: Tensor, group_size: int = INT4_GROUP_SIZE, *, zero_point: bool = True) -> Int4Weight:
     """int4 in groups of ``group_size`` rows along d_in: w (d_in, d_out) -> :class:`Int4Weight`.
 
     zero_point=True (asymmetric): each group's range [lo, hi] spans the sixteen codes,
@@ -279,14 +283,15 @@ def int8_product(x: Int8Rows, q: Int8Weight) -> Tensor:
 
 def quantize(w: Tensor, precision: str, *, group_size: int | None = None):
     """w (d_in, d_out) in the named integer precision: an :class:`Int8Weight` for "int8" (no
-    group_size), an :class:`Int4Weight` for "int4" (group_size defaults to 32). Chapter 13."""
+    group_size), an :class:`Int4Weight` for "int4" (group_size defaults to
+    :data:`INT4_GROUP_SIZE`). Chapter 13."""
     if precision == "int8":
         if group_size is not None:
             raise ValueError(f"int8 is per output channel: group_size must be None, got "
                              f"{group_size}")
         return quantize_int8(w)
     if precision == "int4":
-        return quantize_int4(w, 32 if group_size is None else group_size)
+        return quantize_int4(w, INT4_GROUP_SIZE if group_size is None else group_size)
     raise ValueError(f"precision: expected 'int8' or 'int4', got {precision!r}")
 
 
@@ -331,10 +336,10 @@ def fake_quantize(model, precision: str, *, group_size: int | None = None):
     (no product reads it all), and in a GPT it is also the tied head, whose error reaches the
     logits with no layer after it: quantizers commonly keep it in higher precision. One rule
     for every precision keeps the comparison between precisions fair. group_size: for "int4"
-    only (default 32). The model given is not changed. Chapter 13.
+    only (default :data:`INT4_GROUP_SIZE`). The model given is not changed. Chapter 13.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    if precision not in ROUNDINGS:
+        raise ValueError(f"precision: expected one of {ROUNDINGS}, got {precision!r}")
     if group_size is not None and precision != "int4":
         raise ValueError(f"group_size applies to int4 only, got group_size={group_size} "
                          f"for {precision}")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import TINY
-from llmcore.decode import DecodeStep, check_request, collect, decode
-from llmcore.generate import ModelStep, generate
+from llmcore.decode import StepResult, check_request, collect, decode
+from llmcore.generate import TeachingStep, generate
 from llmcore.fastpath import FastStep
 from llmcore.model import GPT
 
@@ -36,13 +36,13 @@ def test_each_pick_is_fed_back_and_the_prompt_goes_first():
     assert [s.tokens.tolist() for s in steps] == [[4, 0], [5, 1], [6, 2]]
     assert torch.equal(step.seen[0], prompt)
     assert [t.tolist() for t in step.seen[1:]] == [[[4], [0]], [[5], [1]]]
-    assert all(isinstance(s, DecodeStep) and s.logits.shape == (2, 7) for s in steps)
+    assert all(isinstance(s, StepResult) and s.logits.shape == (2, 7) for s in steps)
 
 
 def test_collect_repeats_eos_after_a_sequence_stops_and_ends_when_all_have():
     prompt = torch.tensor([[1], [3]])
     rows = [[5, 2], [0, 6], [4, 0], [1, 1]]            # eos 0: row 1 at step 1, row 0 at step 2
-    steps = [DecodeStep(torch.zeros(2, 7), torch.tensor(r)) for r in rows]
+    steps = [StepResult(torch.zeros(2, 7), torch.tensor(r)) for r in rows]
     assert collect(steps, prompt, eos_id=0).tolist() == [[1, 5, 0, 0], [3, 2, 6, 0]]
     assert collect(steps, prompt).tolist() == [[1, 5, 0, 4, 1], [3, 2, 6, 0, 1]]
 
@@ -52,7 +52,7 @@ def test_zero_steps_give_the_prompt():
     assert torch.equal(collect(decode(Scripted(), prompt, 0, pick=torch.argmax), prompt), prompt)
 
 
-@pytest.mark.parametrize("fast, kind", [(False, ModelStep), (True, FastStep)])
+@pytest.mark.parametrize("fast, kind", [(False, TeachingStep), (True, FastStep)])
 def test_teaching_and_fast_paths_share_the_loop(monkeypatch, fast, kind):
     calls = []
     module = importlib.import_module("llmcore.generate")   # llmcore.generate is the function

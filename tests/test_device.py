@@ -90,18 +90,3 @@ def test_library_code_follows_a_given_device_without_asking_torch(machine):
     asking = [p.name for p in sources
               if "cuda.is_available" in p.read_text() or "mps.is_available" in p.read_text()]
     assert not asking, f"modules that pick a device themselves: {asking}"
-
-
-def test_last_level_cache_is_read_from_sysfs_and_defaults_elsewhere(tmp_path):
-    from llmcore.device import DEFAULT_LAST_LEVEL_CACHE, last_level_cache_bytes
-    for index, (level, size) in enumerate([(1, "32K"), (2, "1024K"), (3, "32768K")]):
-        entry = tmp_path / f"index{index}"
-        entry.mkdir()
-        (entry / "level").write_text(f"{level}\n")
-        (entry / "size").write_text(f"{size}\n")
-    assert last_level_cache_bytes(str(tmp_path)) == 32 * 2**20
-    (tmp_path / "index2" / "size").write_text("64M\n")
-    assert last_level_cache_bytes(str(tmp_path)) == 32 * 2**20       # read once per root
-    last_level_cache_bytes.cache_clear()
-    assert last_level_cache_bytes(str(tmp_path)) == 64 * 2**20
-    assert last_level_cache_bytes(str(tmp_path / "missing")) == DEFAULT_LAST_LEVEL_CACHE

@@ -11,8 +11,8 @@ import torch
 
 from conftest import TINY, TINY_GQA
 from llmcore import decode_steps, generate
-from llmcore.fastpath import (FastGPT, FastLlama, StaticCache, fast_model,
-                              packed_linear_available)
+from llmcore.fastpath import FastGPT, FastLlama, StaticCache, fast_model
+from llmcore.lowbit import packed_linear_available
 from llmcore.kvcache import KVCache
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.model import GPT
@@ -84,12 +84,12 @@ def test_the_output_projection_follows_the_embedding_when_it_changes(device):
 @pytest.mark.parametrize("kind", KINDS)
 def test_prepacked_products_for_batches_give_the_plain_fast_path_logits(kind):
     model = tiny(kind, seed=6)
-    if not packed_linear_available(model):
+    if not packed_linear_available(model.device, model.dtype):
         pytest.skip("this torch has no oneDNN (mkldnn) CPU kernels")
     packed, plain = fast_model(model, batch_size=4), fast_model(model)
     assert packed.packed and not plain.packed and not fast_model(model, batch_size=1).packed
-    assert not packed_linear_available(type(model)(model.config, dtype=torch.float64))
-    assert not packed_linear_available(type(model)(model.config, device="meta"))
+    assert not packed_linear_available(model.device, torch.float64)
+    assert not packed_linear_available(torch.device("meta"), torch.float32)
     prompt = token_ids(model.config, 4, 6)
     positions = torch.arange(8).expand(4, 8)
     with torch.inference_mode():
@@ -196,16 +196,18 @@ def test_transformers_generates_the_same_tokens_from_the_same_weights(b, tmp_pat
     assert torch.equal(generate(model, prompt, 12, attention_mask=mask), want)
 
 
-def test_one_row_is_packed_when_the_weights_do_not_fit_in_the_cache(monkeypatch):
-    """A model larger than the last-level cache streams its weights from memory every step, and
-    oneDNN's packed layout reads them faster even for one row; one that fits keeps addmm."""
+def test_one_row_is_packed_when_the_weights_do_not_fit_in_a_cache():
+    """A model larger than a CPU's last-level cache (:data:`PACK_ONE_ROW_ABOVE_BYTES`) streams
+    its weights from memory every step, and oneDNN's packed layout reads them faster even for
+    one row; one that fits keeps addmm; ``pack=`` chooses explicitly."""
     import llmcore.fastpath as fastpath
     from llmcore.storage import storage_bytes
     model = tiny("gpt", seed=7)
-    if not packed_linear_available(model):
+    if not packed_linear_available(model.device, model.dtype):
         pytest.skip("this torch has no oneDNN (mkldnn) CPU kernels")
     weights = storage_bytes(model.parameters())
-    monkeypatch.setattr(fastpath, "last_level_cache_bytes", lambda: weights - 1)
-    assert fastpath.streams_from_memory(model) and fast_model(model).packed
-    monkeypatch.setattr(fastpath, "last_level_cache_bytes", lambda: weights)
-    assert not fastpath.streams_from_memory(model) and not fast_model(model).packed
+    assert fastpath.streams_from_memory(model, weights - 1)
+    assert not fastpath.streams_from_memory(model, weights)
+    assert weights < fastpath.PACK_ONE_ROW_ABOVE_BYTES and not fast_model(model).packed
+    assert fast_model(model, pack=True).packed and not fast_model(model, batch_size=4,
+                                                                   pack=False).packed

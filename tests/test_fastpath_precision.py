@@ -244,7 +244,7 @@ def w8a8_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def test_w8a8_product_is_the_documented_integer_arithmetic_row_by_row():
     """The kernel against its float64 model, and each row of a batch equal to the same row
     alone: a token's codes never depend on its neighbours."""
-    from llmcore.fastpath import w8a8_linear, w8a8_matmul
+    from llmcore.lowbit import w8a8_linear, w8a8_matmul
     g = torch.Generator().manual_seed(7)
     weight = torch.randn(96, 80, generator=g)
     x = torch.randn(16, 96, generator=g) * torch.logspace(-2, 2, 16)[:, None]  # rows of all sizes
@@ -262,7 +262,7 @@ def test_w8a8_product_is_the_documented_integer_arithmetic_row_by_row():
 
 
 def test_w8a8_matmul_names_what_it_expected():
-    from llmcore.fastpath import w8a8_linear, w8a8_matmul
+    from llmcore.lowbit import w8a8_linear, w8a8_matmul
     packed = w8a8_linear(torch.randn(8, 16))
     with pytest.raises(ValueError, match=r"expected a float32 matrix \(rows, 8\) on the CPU, "
                                          r"got torch.bfloat16 \(2, 8\)"):

@@ -47,6 +47,7 @@ from llmcore.device import describe_machine
 from llmcore.fastpath import FastDecoder, FastGPT, StaticCache, fast_model
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache
+from llmcore.lowbit import PRECISIONS
 from llmcore.model import GPT, GPTConfig
 from llmcore.paged import PagedKVCache
 from llmcore.paged_batch import block_run
@@ -68,8 +69,6 @@ BANDWIDTH_SHARE_AT_LEAST = 0.75
 """Goal: GPT-2 small's float32 decode step reads its weights at >= 75% of the measured
 bandwidth."""
 
-PRECISIONS = ("fp32", "bf16", "int8", "w8a8", "int4")
-"""The fast path's precisions, as ``fast_model(..., precision=...)`` names them."""
 
 PEER_OF = {"bf16": "bf16", "int8": "int8", "w8a8": "int8"}
 """The transformers peer each precision is compared with: bf16 with the bfloat16 model, both

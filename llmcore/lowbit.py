@@ -1,0 +1,293 @@
+"""The fast path's formats: one entry per precision, saying how a matrix is stored and multiplied.
+
+A (d_in, d_out) matrix W meets the activations x (rows, d_in) in one product per layer. Each
+precision of the fast path (``precision=``, chapters 7 and 13) is a row of :data:`FORMATS`:
+
+    precision  activations  how W is stored (prepare)               the product (linear)      head
+    "fp32"     float32      the model's tensor (or oneDNN's packing)  torch.addmm (or oneDNN)   same
+    "bf16"     bfloat16     a bfloat16 copy (or oneDNN's packing)     torch.addmm (or oneDNN)   same
+    "int8"     bfloat16     :class:`Int8Linear`: int8, scale/column   aten._weight_int8pack_mm  same
+    "w8a8"     float32      :class:`W8A8Linear`: fbgemm's int8        int8 x int8 (fbgemm)      same
+    "int4"     bfloat16     :class:`Int4Linear`: 4-bit groups         aten._weight_int4pack_mm  int8
+
+"int8" stores the matrices as int8 with one scale per output channel and runs PyTorch's
+weight-only int8 kernel; "int4" stores them as 4-bit codes in groups of :data:`INT4_GROUP_SIZE`
+rows along d_in and runs PyTorch's CPU int4 kernel, its head in int8 (the head's error reaches
+the logits with no layer after it). The bfloat16 formats feed the kernels bfloat16 activations
+(they are fast only then); the kernels accumulate in float32. "w8a8" stores the same int8 codes
+and scales as "int8" but rounds the activations too, each row (token) to its own integer codes,
+and multiplies integers by integers (fbgemm's int8 GEMM, the kernel under PyTorch's dynamic
+quantization; a CPU instruction such as AVX-512 VNNI does 64 int8 multiply-adds at once).
+
+The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
+the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
+prepacked product (:func:`pack`, :func:`packed_linear`). The fast decoder
+(:class:`llmcore.fastpath.FastModel`) reads its row of the table once, when it is built.
+Chapter 13.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .quantize import (INT4_GROUP_SIZE, INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8,
+                       unpack_int4)
+
+INT4_KERNEL_COLUMNS = 16
+"""PyTorch's CPU int4 kernel packs output columns in groups of 16: d_out must be a multiple."""
+
+def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether oneDNN's prepacked matrix products exist for matrices in ``dtype`` on ``device``:
+    the CPU, float32 (or bfloat16 where oneDNN supports it on this CPU) and a torch built with
+    oneDNN (mkldnn)."""
+    if not (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
+def pack(weight: Tensor, batch_size: int, *, transposed: bool = True) -> Tensor:
+    """weight (d_in, d_out) (or (d_out, d_in) when not transposed) in oneDNN's blocked layout for
+    products with about batch_size rows: an opaque tensor only :func:`packed_linear` reads."""
+    w = weight.detach()
+    return torch.ops.mkldnn._reorder_linear_weight(w.t() if transposed else w, batch_size)
+
+
+def plain_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ w (d_in, d_out) + b: one torch.addmm (torch.mm without a bias)."""
+    return torch.mm(x, w) if b is None else torch.addmm(b, x, w)
+
+
+def packed_linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """The same product with w prepacked by :func:`pack` (oneDNN's kernel)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+class Int8Linear(NamedTuple):
+    """A (d_in, d_out) matrix as PyTorch's weight-only int8 kernel reads it: ``values``
+    (d_out, d_in) int8 (the transpose of :class:`llmcore.quantize.Int8Weight`'s) and ``scale``
+    (d_out,) in the activations' dtype."""
+
+    values: Tensor
+    scale: Tensor
+
+
+class Int4Linear(NamedTuple):
+    """A (d_in, d_out) matrix as PyTorch's CPU int4 kernel reads it: its own packing of the
+    codes (``aten._convert_weight_to_int4pack_for_cpu`` of the (d_out, d_in) codes), and per
+    group and column (scale, offset) with ``w = (code - 8) * scale + offset``, so offset =
+    (8 - zero) * scale for llmcore's ``(code - zero) * scale``."""
+
+    packed: Tensor
+    scale_and_offset: Tensor     # (d_in // group_size, d_out, 2)
+    group_size: int
+
+
+def int8_linear(weight: Tensor, dtype: torch.dtype) -> Int8Linear:
+    """weight (d_in, d_out) -> :class:`Int8Linear`: :func:`llmcore.quantize.quantize_int8`
+    laid out for ``aten._weight_int8pack_mm``, the scale in ``dtype`` (the activations')."""
+    q = quantize_int8(weight.detach())
+    return Int8Linear(q.values.t().contiguous(), q.scale.to(dtype))
+
+
+def int4_linear(weight: Tensor, dtype: torch.dtype,
+                group_size: int = INT4_GROUP_SIZE) -> Int4Linear:
+    """weight (d_in, d_out) -> :class:`Int4Linear`: :func:`llmcore.quantize.quantize_int4`
+    (with zero points) laid out for ``aten._weight_int4pack_mm_for_cpu``. The kernel wants
+    d_out a multiple of :data:`INT4_KERNEL_COLUMNS`."""
+    d_in, d_out = weight.shape
+    if d_out % INT4_KERNEL_COLUMNS:
+        raise ValueError(f"int4: PyTorch's CPU kernel needs d_out divisible by "
+                         f"{INT4_KERNEL_COLUMNS}, got a "
+                         f"({d_in}, {d_out}) matrix")
+    q = quantize_int4(weight.detach(), group_size)
+    codes = unpack_int4(q.packed).t().contiguous().to(torch.int32)            # (d_out, d_in)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    offset = (INT4_SYMMETRIC_ZERO - q.zero) * q.scale
+    return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
+
+
+W8A8_PIN = torch.tensor([[1.0, -1.0]])
+"""The two columns appended to every row of w8a8's activations, fixing their range to [-1, 1]."""
+
+
+class W8A8Linear(NamedTuple):
+    """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
+    scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
+    bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales) over
+    d_in + 2 rows, the last two zero: they meet the two columns :data:`W8A8_PIN` appended to
+    the activations (see :func:`_w8a8_linear`)."""
+
+    packed: object
+    d_in: int
+    d_out: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.d_in * self.d_out + 4 * self.d_out
+
+
+def w8a8_available(device: torch.device) -> bool:
+    """Whether this torch has the int8 x int8 kernel for ``device``: PyTorch's quantized
+    linear ops with the fbgemm (x86) engine, on the CPU only."""
+    engines = torch.backends.quantized.supported_engines
+    return (device.type == "cpu" and hasattr(torch.ops.quantized, "linear_dynamic")
+            and ("fbgemm" in engines or "x86" in engines))
+
+
+def w8a8_linear(weight: Tensor, dtype: torch.dtype = torch.float32) -> W8A8Linear:
+    """weight (d_in, d_out) float32 -> :class:`W8A8Linear`: :func:`llmcore.quantize.quantize_int8`
+    (the codes and scales the "int8" precision stores), packed once for fbgemm. dtype: the
+    activations', float32, the kernel's only one (a parameter so that every format prepares
+    with one signature). fbgemm takes its codes as one of PyTorch's quantized tensors, an API
+    torch 2.13 deprecates: its warning is silenced here, where the packing happens, and
+    nowhere else."""
+    if dtype != torch.float32:
+        raise ValueError(f"w8a8: fbgemm's kernel takes float32 activations, got {dtype}")
+    d_in, d_out = weight.shape
+    q = quantize_int8(weight.detach().float())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        codes = torch.cat([q.values.t(), q.values.new_zeros(d_out, 2)], dim=1)
+        codes = torch._make_per_channel_quantized_tensor(
+            codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
+        packed = torch.ops.quantized.linear_prepack(codes, None)
+    return W8A8Linear(packed, d_in, d_out)
+
+
+def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) float32 on the CPU @ the int8 matrix (+ b (d_out,)) -> (rows, d_out)
+    float32, the activations rounded to integers one row at a time (:func:`_w8a8_linear`
+    says how). Checks its operands and names what it expected; the fast path calls
+    :func:`_w8a8_linear` directly, having checked once. Chapter 13."""
+    if not isinstance(w, W8A8Linear):
+        raise TypeError(f"w: expected a W8A8Linear (w8a8_linear), got {type(w).__name__}")
+    if not isinstance(x, Tensor) or x.dim() != 2 or x.dtype != torch.float32 \
+            or x.device.type != "cpu":
+        raise ValueError(f"x: expected a float32 matrix (rows, {w.d_in}) on the CPU, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} "
+                         f"{tuple(getattr(x, 'shape', ()))} on {getattr(x, 'device', '-')}")
+    if x.shape[1] != w.d_in:
+        raise ValueError(f"x has {x.shape[1]} columns but the matrix has d_in = {w.d_in}")
+    if b is not None and tuple(b.shape) != (w.d_out,):
+        raise ValueError(f"b: expected shape ({w.d_out},), got {tuple(b.shape)}")
+    return _w8a8_linear(x.contiguous(), w, b)
+
+
+def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) float32 @ the int8 matrix (+ b) with int8 activations, one scale per row.
+
+    fbgemm's dynamic kernel rounds its whole input with one scale from the input's min and max
+    (a row's codes would then depend on the rest of its batch). So each row is first divided
+    by its largest magnitude r (every row in [-1, 1]) and gains two columns, +1 and -1, that
+    meet the matrix's two zero rows (they add nothing to the product): the input's range is
+    then [-1, 1] on every call, so the kernel's scale never changes, each row is rounded on
+    its own, and row i of the product, times r[i], is x[i] W whatever the batch. The kernel
+    keeps about 7 bits per activation (``reduce_range``, what PyTorch's dynamic quantization
+    uses, so that CPUs without VNNI cannot overflow their 16-bit pair sums): x[i] / r[i]
+    rounded in steps of 2 / 127, integer codes from -64 to 64 (tested against that float64
+    model in tests/test_fastpath_precision.py)."""
+    r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
+    rows = torch.cat([x / r, W8A8_PIN.expand(x.shape[0], 2)], dim=1)        # (rows, d_in + 2)
+    out = torch.ops.quantized.linear_dynamic(rows, w.packed, True)
+    return out.mul_(r) if b is None else torch.addcmul(b, out, r)
+
+
+def _int8_linear(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ the int8 matrix (+ b): PyTorch's weight-only int8 kernel."""
+    out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
+    return out if b is None else out.add_(b)
+
+
+def _int4_linear(x: Tensor, w: Int4Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ the int4 matrix (+ b): PyTorch's CPU int4 kernel."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, w.group_size,
+                                                     w.scale_and_offset)
+    return out if b is None else out.add_(b)
+
+
+def bytes_of(weights) -> int:
+    """Bytes of the weights in ``weights``: a tensor, a :class:`W8A8Linear` (its codes and
+    scales), or (nested) tuples and lists of them."""
+    if isinstance(weights, Tensor):
+        return weights.numel() * weights.element_size()
+    if isinstance(weights, W8A8Linear):
+        return weights.weight_bytes
+    if isinstance(weights, (tuple, list)):
+        return sum(bytes_of(part) for part in weights)
+    return 0
+
+
+def int4_available(device: torch.device) -> bool:
+    """Whether PyTorch's int4 kernel used here runs on ``device``: the CPU's (and the meta
+    device, which only computes shapes)."""
+    return device.type in ("cpu", "meta")
+
+
+def everywhere(device: torch.device) -> bool:
+    """A kernel every device has (torch.addmm, the int8 weight-only product)."""
+    return True
+
+
+class Format(NamedTuple):
+    """One precision of the fast path: what its matrices are stored as and multiplied by.
+
+    dtype: the activations' (and the KV cache's) dtype, None for the model's own;
+    prepare(weight (d_in, d_out), dtype) -> the stored matrix, None for the weight itself cast to
+    dtype (which a caller may :func:`pack` for oneDNN); linear(x (rows, d_in), stored,
+    b (d_out,) or None) -> (rows, d_out), None for :func:`plain_linear` (or
+    :func:`packed_linear`); head: the precision of the output projection, None for this one;
+    available(device) -> whether the kernel runs there, and kernel: its name, for the message
+    that refuses it; own: the model's tensors serve as they are when they already have dtype
+    (else every tensor is copied, the norms to float32)."""
+
+    dtype: torch.dtype | None
+    prepare: Callable[[Tensor, torch.dtype], object] | None = None
+    linear: Callable[[Tensor, object, Tensor | None], Tensor] | None = None
+    head: str | None = None
+    available: Callable[[torch.device], bool] = everywhere
+    kernel: str = "torch.addmm (or oneDNN's packed product)"
+    own: bool = False
+
+
+FORMATS = {
+    "fp32": Format(torch.float32, own=True),
+    "bf16": Format(torch.bfloat16),
+    "int8": Format(torch.bfloat16, int8_linear, _int8_linear,
+                   kernel="PyTorch's weight-only int8 kernel"),
+    "w8a8": Format(torch.float32, w8a8_linear, _w8a8_linear,
+                   available=w8a8_available,
+                   kernel="PyTorch's int8 x int8 CPU kernel (fbgemm)"),
+    "int4": Format(torch.bfloat16, int4_linear, _int4_linear, head="int8",
+                   available=int4_available, kernel="PyTorch's CPU int4 kernel"),
+}
+"""Every precision of the fast path, one row each (see the module's docstring)."""
+
+PRECISIONS = tuple(FORMATS)
+"""What ``precision=`` accepts (None: the model's own dtype and tensors)."""
+
+NATIVE = Format(None, own=True)
+"""precision=None: the model's own tensors, in its own dtype."""
+
+
+def format_of(precision: str | None, device: torch.device) -> Format:
+    """The row of :data:`FORMATS` for ``precision`` (:data:`NATIVE` for None), refused with what
+    was expected if it is unknown or its kernel does not run on ``device``. Chapter 13."""
+    if precision is None:
+        return NATIVE
+    if precision not in FORMATS:
+        raise ValueError(f"precision: expected None or one of {PRECISIONS}, got {precision!r}")
+    fmt = FORMATS[precision]
+    if not fmt.available(device):
+        engines = (f", and this torch's quantized engines are "
+                   f"{torch.backends.quantized.supported_engines}" if precision == "w8a8" else "")
+        raise ValueError(f"precision={precision!r} uses {fmt.kernel}; the model is on "
+                         f"{device}{engines}")
+    return fmt
