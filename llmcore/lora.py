@@ -26,12 +26,11 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from .backward import linear_backward
-from .corpus import bits_per_byte
 from .model import GPTConfig
 from .published import PublishedModel
 from .shapes import check_operands, check_shape
 from .storage import storage_bytes
-from .train import next_byte_loss, random_batch
+from .train import random_batch, train_step
 
 TARGETS = ("w_qkv", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down")
 """The block matrices :func:`add_lora` adapts by default: the attention and
@@ -226,12 +225,9 @@ def fine_tune(model: nn.Module, params: list[nn.Parameter], tokens: Tensor,
     model.train()
     for _ in range(steps):
         batch = random_batch(tokens, batch_size, seq_len, generator)
-        loss = next_byte_loss(model, batch.to(params[0].device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        optimizer.step()
-        losses.append(bits_per_byte(loss.item()))
+        bits, _ = train_step(model, params, optimizer, batch.to(params[0].device),
+                             grad_clip=grad_clip)
+        losses.append(bits)
     model.eval()
     return losses, optimizer
 

@@ -157,6 +157,21 @@ def next_byte_loss(model: GPT, windows: Tensor, *, backend: str = "explicit") ->
     return F.cross_entropy(logits.float().flatten(0, 1), windows[:, 1:].flatten())
 
 
+def train_step(model, params, optimizer: torch.optim.Optimizer, windows: Tensor, *,
+               grad_clip: float, backend: str = "explicit") -> tuple[float, float]:
+    """One optimizer step on a batch of windows (b, n + 1): the mean next-byte loss
+    (:func:`next_byte_loss`), its gradient, the gradient's norm over ``params`` clipped to
+    grad_clip, then ``optimizer.step()``. -> (the loss in bits per byte, the norm before
+    clipping). The one step of :func:`train` and of :func:`llmcore.lora.fine_tune`.
+    Chapters 5 and 14."""
+    loss = next_byte_loss(model, windows, backend=backend)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    return bits_per_byte(loss.item()), float(norm)
+
+
 @torch.no_grad()
 def evaluate_bits_per_byte(model: GPT, windows: Tensor, *, batch_size: int = 32,
                            backend: str = "explicit") -> float:
@@ -267,18 +282,14 @@ def train(config: TrainConfig, train_tokens: Tensor, validation_tokens: Tensor, 
             group["lr"] = lr
         batch = random_batch(train_tokens, config.batch_size, config.model.max_seq_len,
                              generator).to(device)                            # (b, n + 1)
-        loss = next_byte_loss(model, batch, backend=config.backend)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        bits = bits_per_byte(loss.item())
+        bits, norm = train_step(model, model.parameters(), optimizer, batch,
+                                grad_clip=config.grad_clip, backend=config.backend)
         if not math.isfinite(bits):
             raise FloatingPointError(f"the training loss became {bits} at step {step}; "
                                      f"try a lower lr than {config.lr}")
         history.train_bits.append(bits)
         history.lr.append(lr)
-        history.grad_norm.append(float(norm))
+        history.grad_norm.append(norm)
         recent = history.train_bits[-RUNNING_STEPS:]
         running = sum(recent) / len(recent)
         bar.set_postfix(loss=f"{running:.3f} bits/byte", lr=f"{lr:.2e}", refresh=False)
