@@ -59,14 +59,14 @@ c.Autograde.sanitize_preprocessors = [
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
 c.Autograde.autograde_preprocessors = [
-    "course.grading.plugins.BoundedExecute",
+    "course.grading.executor.BoundedExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     # the trusted verdicts (course/grading/VERDICTS.md): every test cell judged outside the
     # learner's kernel against the solution's records (the same list as course-grade's,
     # course.grading.nbgrader_app.autograde_preprocessors)
-    "course.grading.plugins.Verdicts",
+    "course.grading.judging.Verdicts",
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",

@@ -22,6 +22,9 @@ from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, answers, cell_scores,
                        load_data, mutants, nbgrader_meta, new_course, read, row_of, selected,
                        submission, submit_all)
 
+from course.grading.report import State, Status
+
+GRADED_NOW = Status(State.GRADED)
 CELL_TIMEOUT = 60          # seconds per cell: an honest answer is never cut short for speed
 
 honest = load_data("grading_honest", DATA / "honest.py")
@@ -114,13 +117,14 @@ def _why_cells_failed(course: Path, sub, names: set[str]) -> list[str]:
 def test_an_honest_answer_gets_full_marks(graded_honest, sub):
     course, gradebook, rows = graded_honest
     row = row_of(rows, sub.student, sub.assignment)
-    cells = cell_scores(gradebook, sub.student, sub.assignment) if row.status == "graded" else {}
+    cells = cell_scores(gradebook, sub.student, sub.assignment) if row.status == GRADED_NOW \
+        else {}
     failed = {name for name, (score, top) in cells.items() if score < top}
     message = "\n".join([f"{sub.student} ({sub.assignment}): {sub.why}",
-                         f"score {row.score:g} of {row.max_score:g}, status {row.status!r}",
+                         f"score {row.score:g} of {row.max_score:g}, status {str(row.status)!r}",
                          f"CSV reasons: {row.reasons or '-'}",
                          *_why_cells_failed(course, sub, failed)])
-    assert row.status == "graded", message
+    assert row.status == GRADED_NOW, message
     assert not failed and row.score == row.max_score == sub.score, message
 
 

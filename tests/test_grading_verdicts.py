@@ -12,6 +12,7 @@ import nbformat
 import pytest
 import torch
 
+from course.grading.report import State
 from course.grading.review import review_evidence
 from course.grading.verdicts import Verdict, judge
 from llmcheck.recorder import (PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid,
@@ -293,7 +294,7 @@ def test_no_cheat_scores_above_its_honest_work(graded, cheat):
     course, rows, _ = graded
     row = row_of(rows, cheat.student, cheat.assignment)
     if cheat.stops_grader:                # no autograded notebook: the whole submission is 0
-        assert row.status.startswith("failed:") and row.score == cheat.score == 0, row
+        assert row.status.state is State.FAILED and row.score == cheat.score == 0, row
     else:
         verdicts = _verdicts(course, cheat.student, cheat.assignment)
         failed = {name for name, verdict in verdicts.items() if not verdict.get("passed")}
@@ -301,7 +302,7 @@ def test_no_cheat_scores_above_its_honest_work(graded, cheat):
                                         f"fail, got {sorted(failed)}: {verdicts}"
         assert row.score == cheat.score, row
         if cheat.review:
-            assert row.status.startswith("review:") and cheat.review in row.status, row
+            assert row.status.state is State.REVIEW and cheat.review in row.status.detail, row
         else:
             assert cheat.score <= cheat.honest, "only a submission marked for review may " \
                                                 "score above its honest work"

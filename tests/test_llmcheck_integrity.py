@@ -45,7 +45,7 @@ def test_the_verdicts_turn_harness_changes_into_review_evidence():
     import nbformat
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from course.grading.limits import HARNESS_METADATA
+    from course.grading.integrity import HARNESS_METADATA
     from course.grading.verdicts import REVIEW_METADATA, judge_notebook
     test = new_code_cell("pass", metadata={"nbgrader": {"grade": True, "solution": False,
                                                         "grade_id": "test_x", "points": 1,

@@ -16,7 +16,7 @@ POSIX_ONLY = ("resource", "fcntl", "pwd", "grp", "termios")
 
 LEARNER_MODULES = ["llmcore", *(f"llmcore.{m.name}" for m in pkgutil.iter_modules(llmcore.__path__)),
                    "course.grading", "course.grading.check", "course.grading.cli",
-                   "course.grading.limits", "course.lab"]
+                   "course.grading.executor", "course.lab"]
 
 
 def test_learner_modules_import_without_posix_only_modules():

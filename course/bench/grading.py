@@ -196,7 +196,7 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
         written = disk_bytes(course) - before
         pages = sorted((course / "feedback").rglob("*.html"))
         sizes = [p.stat().st_size for p in pages] or [0]
-        statuses = Counter(r.status.split(":")[0] for r in result.rows)
+        statuses = Counter(r.status.state.value for r in result.rows)
     setup = marks.get("submissions", 0.0)
     rate = notebooks / (seconds - setup) * 60
     out.write(f"graded: {len(result.rows)} rows "

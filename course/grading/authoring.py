@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .report import Status
+
 CELL_MARK = re.compile(r"^# %% \[(?P<grade_id>[\w.-]+)\][ \t]*$", re.MULTILINE)
 """The line that opens one answer cell in a mutant file: ``# %% [grade_id]``."""
 
@@ -179,7 +181,7 @@ class MutantResult:
     score: float
     max_score: float
     caught_by: tuple[str, ...]
-    status: str
+    status: Status
 
     @property
     def survived(self) -> bool:
@@ -200,11 +202,11 @@ class MutationReport:
     def format(self) -> str:
         width = max([len(m.name) for m in self.mutants] + [len("solution")])
         lines = [f"{'solution':<{width}}  {self.solution.score:g} / {self.solution.max_score:g}"
-                 f"  {'full marks' if self.solution.survived else 'NOT FULL MARKS: ' + self.solution.status}"]
+                 f"  {'full marks' if self.solution.survived else f'NOT FULL MARKS: {self.solution.status}'}"]
         for m in self.mutants:
             verdict = ("SURVIVED: full marks, no test caught it" if m.survived
                        else "caught by " + ", ".join(m.caught_by) if m.caught_by
-                       else m.status)
+                       else str(m.status))
             lines.append(f"{m.name:<{width}}  {m.score:g} / {m.max_score:g}  {verdict}")
         survivors = [m.name for m in self.mutants if m.survived]
         lines.append(f"{len(self.mutants) - len(survivors)} of {len(self.mutants)} mutant(s) "

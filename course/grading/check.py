@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cells
-from .limits import bounded_execute
 from .nbgrader_app import last_error_line, prepare_environment, find_config
 from .review import review_evidence
 from .verdicts import learner_sources, records_of, show_stderr_unscored
@@ -175,10 +174,11 @@ def _config(config_path: Path | None, timeout: int | None):
 def _execute(nb, config, folder: str):
     """``nb`` executed in a fresh kernel by the grader's bounded executor (its sandbox, preloads
     and output cap), from ``folder``, with nbgrader's validation environment."""
+    from .executor import BoundedExecute      # here: importing the check imports no nbconvert
     saved = {name: os.environ.get(name) for name in ("NBGRADER_VALIDATING", "NBGRADER_EXECUTION")}
     os.environ.update(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate")
     try:
-        executor = bounded_execute()(config=config)
+        executor = BoundedExecute(config=config)
         executed, _ = executor.preprocess(nb, {"metadata": {"path": folder}})
         return executed
     finally:

@@ -1,10 +1,16 @@
 """The course's executor, :class:`BoundedExecute`: nbgrader's Execute settings with the course's
-limits (course/grading/limits.py), without nbgrader, so that the learner's check runs in the
-learner's install (no nbgrader there). Each kernel runs in the course's sandbox
+limits, without nbgrader, so that the learner's check runs in the learner's install (no nbgrader
+there). Each kernel runs in the course's sandbox
 (:class:`course.grading.sandbox.SandboxedKernelManager`) with preloaded modules, each cell keeps
 at most an output cap, each graded test cell gets its secret token just before it runs, and the
-harness's state is asked for just after. ``nbgrader_config.py`` names it through
-:mod:`course.grading.plugins`, which re-exports it.
+harness's state is asked for just after (course/grading/integrity.py).
+
+Its one address is ``course.grading.executor.BoundedExecute``: ``nbgrader_config.py`` names it
+there (so plain ``nbgrader autograde`` uses it), and the learner's check, the solution's run
+(course/grading/judging.py) and course-grade's pipeline import it from here when a notebook is
+to run (importing ``course.grading`` imports no nbconvert). Nothing here or in the sandbox
+imports ``resource`` at module level: the learner's check imports them on any OS, and where there
+is no ``resource`` (Windows) the kernel runs without a memory limit and a warning says so.
 """
 
 from __future__ import annotations
@@ -18,9 +24,19 @@ from traitlets import Integer, List, Unicode
 
 from llmcheck.record import MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
 from .cells import execute_class, is_test
-from .limits import HARNESS_CHANGES, HARNESS_METADATA, output_size
+from .integrity import HARNESS_CHANGES, HARNESS_METADATA
 from .sandbox import SandboxedKernelManager
 from .secret import cell_token, run_secret
+
+
+def output_size(out) -> int:
+    """Characters of one output (stream text, error message and traceback, or data)."""
+    if out.output_type == "stream":
+        return len(out.text)
+    if out.output_type == "error":
+        return len(out.evalue) + sum(len(line) for line in out.traceback)
+    data = out.get("data", {})
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in data.values())
 
 
 class BoundedExecute(execute_class()):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 
 from nbconvert.exporters import HTMLExporter
 from nbconvert.preprocessors import Preprocessor
@@ -177,3 +178,18 @@ class FeedbackExporter(HTMLExporter):
     def from_notebook_node(self, nb, resources=None, **kw):
         page, resources = super().from_notebook_node(nb, resources=resources, **kw)
         return offline_math(page), resources
+
+
+def write_failure_pages(folder: Path, notebooks: list[str], student: str, assignment: str,
+                        reason: str) -> None:
+    """In ``folder``, a feedback page for each notebook (by name) of a submission that could not
+    be run to the end, with the reason (course-grade's record step writes them, the one place)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in sorted(notebooks):
+        (folder / f"{name}.html").write_text(
+            "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>Feedback</title></head>"
+            f"<body>\n<h1>{html.escape(assignment)}: {html.escape(student)}</h1>\n"
+            "<p>Your notebook could not be run to the end, so every test scored 0. The grader "
+            f"reported: <code>{html.escape(reason)}</code></p>\n"
+            "<p>Run <code>course-check NOTEBOOK</code> on your notebook to see "
+            "what goes wrong, then submit it again.</p>\n</body></html>\n", encoding="utf-8")

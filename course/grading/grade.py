@@ -38,12 +38,10 @@ from typing import Callable, Iterator, Sequence
 
 from .nbgrader_app import (LogRecords, assignments_in, course_config, course_directory,
                            find_config, generate_assignment, last_error_line, prepare_environment)
-from .report import (GRADES_CSV, OUTCOME_FILE, GradeRow, Outcome, gradebook_rows, graded_pairs,
-                     record, write_grades)
+from .report import (GRADES_CSV, OUTCOME_FILE, REFUSED_LINK, UNKNOWN_ASSIGNMENT, GradeRow,
+                     Outcome, Status, gradebook_rows, graded_pairs, record, write_grades)
 from .secret import SECRET_ENV
-from .worker import WORKER_COMMAND, Job, sandbox_settings, write_failure_feedback
-
-REFUSED_LINK = "refused: the submission's folder is a symbolic link"
+from .worker import WORKER_COMMAND, Job, sandbox_settings
 
 
 @dataclass(frozen=True)
@@ -108,15 +106,17 @@ def _register(config, assignment: str) -> LogRecords:
 
 @dataclass
 class Selection:
-    """What a run will grade (``todo``) and the status of every submission it will not."""
+    """What a run will grade (``todo``) and the status of every submission it refuses (a
+    submission graded earlier keeps its recorded status)."""
 
     todo: list[tuple[str, str]]
-    status: dict[tuple[str, str], str] = field(default_factory=dict)
+    status: dict[tuple[str, str], Status] = field(default_factory=dict)
 
 
 def select(config, coursedir, options: GradeOptions, say: Callable[[str], None]) -> Selection:
-    """Step 1: the (student, assignment) pairs to grade; an unknown assignment, a symbolic link
-    and (unless ``force``) a submission already in the gradebook get a status instead."""
+    """Step 1: the (student, assignment) pairs to grade; an unknown assignment and a symbolic
+    link get a status instead, and (unless ``force``) a submission already in the gradebook is
+    left as recorded."""
     course = Path(coursedir.root)
     known = set(assignments_in(course / coursedir.source_directory))
     pairs = _submissions(course, coursedir.submitted_directory)
@@ -127,7 +127,7 @@ def select(config, coursedir, options: GradeOptions, say: Callable[[str], None])
     for student, assignment in pairs:
         key = (student, assignment)
         if assignment not in known:
-            selection.status[key] = "unknown assignment"
+            selection.status[key] = UNKNOWN_ASSIGNMENT
             say(f"{student}/{assignment}: no such assignment in {coursedir.source_directory}/")
         elif (submitted_root / student).is_symlink() or \
                 (submitted_root / student / assignment).is_symlink():
@@ -138,8 +138,6 @@ def select(config, coursedir, options: GradeOptions, say: Callable[[str], None])
     for assignment in sorted({a for _, a in selection.todo}):
         _log_warnings(_register(config, assignment), options, say)
     done = set() if options.force else graded_pairs(coursedir.db_url, coursedir.course_id)
-    for pair in [p for p in selection.todo if p in done]:
-        selection.status[pair] = "graded earlier"
     selection.todo = [p for p in selection.todo if p not in done]
     return selection
 
@@ -155,7 +153,7 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
         scratch: Path, say: Callable[[str], None]) -> Iterator[tuple[Job, Outcome]]:
     """Step 2: grade each pair in a worker process, ``options.workers`` at a time, in scratch
     folders under ``scratch``; yields each job with its outcome as it finishes."""
-    from .verdicts import expected_records
+    from .judging import expected_records
 
     course = Path(coursedir.root)
     config_path = str(options.config_file) if options.config_file else _config_path(course)
@@ -184,16 +182,6 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
 
 def _workers(options: GradeOptions) -> int:
     return max(1, options.workers or os.cpu_count() or 1)
-
-
-def status_of(outcome: Outcome) -> str:
-    """The CSV's status of a graded submission: failed, review (evidence; no point lost), or
-    graded."""
-    if outcome.failure:
-        return f"failed: {outcome.failure}"
-    if outcome.review:
-        return "review: " + "; ".join(outcome.review)
-    return "graded"
 
 
 def grade(course_dir: str | os.PathLike = ".", options: GradeOptions | None = None, *,
@@ -238,7 +226,7 @@ def grade(course_dir: str | os.PathLike = ".", options: GradeOptions | None = No
                                     say):
                 record_outcome(job, outcome, coursedir)          # step 3
                 key = (outcome.student, outcome.assignment)
-                status[key], reasons[key] = status_of(outcome), "; ".join(outcome.reasons)
+                status[key], reasons[key] = Status.of(outcome), "; ".join(outcome.reasons)
                 count = max(1, len(outcome.grades))
                 per_notebook += [outcome.seconds / count] * count
                 say(f"{outcome.student}/{outcome.assignment}: {status[key]} "
@@ -339,15 +327,13 @@ def record_outcome(job: Job, outcome: Outcome, coursedir) -> None:
                                         outcome.assignment))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / OUTCOME_FILE).write_text(outcome.to_json())
-    if outcome.failure and not Path(coursedir.format_path(
-            coursedir.feedback_directory, outcome.student, outcome.assignment)).is_dir() \
-            and job.feedback:
-        pages = Path(coursedir.format_path(coursedir.feedback_directory, outcome.student,
-                                           outcome.assignment))
-        for nb in sorted((Path(coursedir.format_path(coursedir.submitted_directory,
-                                                     outcome.student, outcome.assignment))
-                          ).glob("*.ipynb")):
-            write_failure_feedback(pages / f"{nb.stem}.html", outcome.student, outcome.assignment,
-                              outcome.failure)
+    if outcome.failure and job.feedback:      # the worker wrote no page: the notebook stopped
+        from .feedback import write_failure_pages
+        notebooks = Path(coursedir.format_path(coursedir.submitted_directory, outcome.student,
+                                               outcome.assignment)).glob("*.ipynb")
+        write_failure_pages(Path(coursedir.format_path(coursedir.feedback_directory,
+                                                       outcome.student, outcome.assignment)),
+                            [nb.stem for nb in notebooks], outcome.student, outcome.assignment,
+                            outcome.failure)
     record(coursedir.db_url, coursedir.course_id, outcome)
 

@@ -89,7 +89,8 @@ def autograde_preprocessors() -> list:
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute, SaveAutoGrades
 
-    from .plugins import BoundedExecute, Verdicts
+    from .executor import BoundedExecute
+    from .judging import Verdicts
     steps = []
     for step in Autograde.class_traits()["autograde_preprocessors"].default():
         if step is SaveAutoGrades:

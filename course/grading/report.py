@@ -10,6 +10,7 @@ submission either fully recorded or absent (graded again by the next run).
 from __future__ import annotations
 
 import csv
+import enum
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -173,6 +174,53 @@ def notebook_reasons(nb, scores: dict, *, memory_limit_mb: int,
 # The grade table
 # ------------------------------------------------------------------------------------------------
 
+class State(enum.Enum):
+    """What became of a submission (the first word of its status in the grade table)."""
+
+    GRADED = "graded"
+    REVIEW = "review"                   # graded; evidence for the instructor's review, no point lost
+    FAILED = "failed"                   # graded 0 from where the notebook stopped
+    REFUSED = "refused"                 # not graded, not in the gradebook
+    UNKNOWN = "unknown assignment"      # not graded: the course has no such assignment
+
+
+@dataclass(frozen=True)
+class Status:
+    """A submission's status: its state, the evidence (review) or the reason (failed, refused),
+    and whether an earlier run recorded it. Read its fields; ``str()`` is the CSV's text
+    ("graded", "review: ...", "failed: ...", "refused: ...", "unknown assignment",
+    "graded earlier", "graded earlier, failed: ...")."""
+
+    state: State
+    detail: str = ""
+    earlier: bool = False
+
+    @classmethod
+    def of(cls, outcome: Outcome, *, earlier: bool = False) -> "Status":
+        """The status of a graded submission: failed, review (evidence; no point lost), or
+        graded."""
+        if outcome.failure:
+            return cls(State.FAILED, outcome.failure, earlier)
+        if outcome.review:
+            return cls(State.REVIEW, "; ".join(outcome.review), earlier)
+        return cls(State.GRADED, earlier=earlier)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the submission is in the gradebook (graded, in this run or an earlier one)."""
+        return self.state in (State.GRADED, State.REVIEW, State.FAILED)
+
+    def __str__(self) -> str:
+        text = self.state.value + (f": {self.detail}" if self.detail else "")
+        if not self.earlier:
+            return text
+        return "graded earlier" + ("" if self.state is State.GRADED else f", {text}")
+
+
+REFUSED_LINK = Status(State.REFUSED, "the submission's folder is a symbolic link")
+UNKNOWN_ASSIGNMENT = Status(State.UNKNOWN)
+
+
 @dataclass(frozen=True)
 class GradeRow:
     """One line of course_grades.csv."""
@@ -181,17 +229,16 @@ class GradeRow:
     assignment: str
     score: float
     max_score: float
-    status: str          # "graded", "review: ..." (graded; evidence for the instructor),
-                         # "graded earlier", "failed: ...", "unknown assignment",
-                         # "refused: ..." (not graded, not in the gradebook)
+    status: Status
     reasons: str = ""    # why points were lost, "; "-separated
 
 
-def gradebook_rows(coursedir, status: dict[tuple[str, str], str],
+def gradebook_rows(coursedir, status: dict[tuple[str, str], Status],
                     reasons: dict[tuple[str, str], str] | None = None) -> list[GradeRow]:
-    """Every submission in the gradebook (this run's and earlier ones), plus the submissions of
-    unknown assignments, sorted by assignment and student. Reasons of earlier runs are read from
-    the outcome file beside the autograded notebooks."""
+    """Every submission in the gradebook (this run's, with its ``status``, and earlier ones),
+    plus the submissions this run did not grade (unknown assignments, refused), sorted by
+    assignment and student. The status and reasons of earlier runs are read from the outcome
+    file beside the autograded notebooks."""
     from nbgrader.api import Gradebook
     reasons = dict(reasons or {})
     rows = []
@@ -199,24 +246,20 @@ def gradebook_rows(coursedir, status: dict[tuple[str, str], str],
         for assignment in gb.assignments:
             for submission in assignment.submissions:
                 key = (submission.student.id, assignment.name)
-                note = status.get(key, "graded earlier")
-                why = reasons.get(key)
-                if why is None:
+                note, why = status.get(key), reasons.get(key)
+                if note is None or why is None:
                     saved = Path(coursedir.format_path(coursedir.autograded_directory, key[0],
                                                        key[1])) / OUTCOME_FILE
-                    why = ""
-                    if saved.is_file():
-                        old = Outcome.from_json(saved.read_text())
-                        why = "; ".join(old.reasons)
-                        if old.failure and key not in status:
-                            note = f"graded earlier, failed: {old.failure}"
-                        elif old.review and key not in status:
-                            note = "graded earlier, review: " + "; ".join(old.review)
+                    old = Outcome.from_json(saved.read_text()) if saved.is_file() else None
+                    if note is None:
+                        note = Status.of(old, earlier=True) if old else \
+                            Status(State.GRADED, earlier=True)
+                    if why is None:
+                        why = "; ".join(old.reasons) if old else ""
                 rows.append(GradeRow(key[0], assignment.name, float(submission.score),
                                      float(assignment.max_score), note, why))
     rows += [GradeRow(student, assignment, 0.0, 0.0, note)
-             for (student, assignment), note in status.items()
-             if note == "unknown assignment" or note.startswith("refused")]
+             for (student, assignment), note in status.items() if not note.recorded]
     return sorted(rows, key=lambda r: (r.assignment, r.student))
 
 
@@ -227,4 +270,4 @@ def write_grades(rows: Sequence[GradeRow], path: Path) -> None:
         writer.writerow(["student_id", "assignment", "score", "max_score", "status", "reasons"])
         for r in rows:
             writer.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}",
-                             r.status, r.reasons])
+                             str(r.status), r.reasons])

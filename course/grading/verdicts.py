@@ -1,28 +1,22 @@
 """The trusted verdicts: each test cell is judged outside the learner's kernel.
 
 A submission's kernel only publishes records (``llmcheck.cases``: outputs, aten ops reached,
-the inputs' digest, tamper canaries). :class:`course.grading.plugins.Verdicts` (an nbgrader
-preprocessor after Execute) compares them with the records of the instructor's solution notebook,
-run once in a fresh kernel, and turns every cell whose records do not hold up into a failed cell with a reason
-(course/grading/VERDICTS.md). This module imports nbgrader only inside functions.
+the inputs' digest, tamper canaries). The rules here compare them with the records of the
+instructor's solution notebook and turn every cell whose records do not hold up into a failed
+cell with a reason (course/grading/VERDICTS.md); :class:`course.grading.judging.Verdicts` (an
+nbgrader preprocessor after Execute) runs the solution once and applies them. This module
+imports neither nbgrader nor the executor, so the learner's check uses it too.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
-from llmcheck.record import TWIN_SUFFIX, records_of as _records_in, too_large
-
-CACHE_VERSION = 2
+from llmcheck.record import records_of as _records_in, too_large
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,8 @@ def records_of(cell) -> list[dict]:
     return _records_in(cell.get("outputs", []))
 
 
-def _kernel_error(cell) -> bool:
+def kernel_error(cell) -> bool:
+    """Whether the cell raised in the kernel (an error output)."""
     return any(out.get("output_type") == "error" for out in cell.get("outputs", []))
 
 
@@ -232,97 +227,11 @@ def learner_sources(nb, instructor_tests: frozenset[str] = frozenset()) -> list[
             and not is_locked(c) and not is_test(c) and c.source.strip() not in instructor_tests]
 
 
-def instructor_test_sources(source: Path) -> frozenset[str]:
-    """The instructor's test cells of a solution notebook, each as written (hidden tests
-    included) and as released (hidden tests removed, as nbgrader's ClearHiddenTests does)."""
-    import copy
-
-    import nbformat
-    from nbgrader.preprocessors import ClearHiddenTests
-    clear = ClearHiddenTests()
-    sources = set()
-    for cell in _grade_cells(nbformat.read(str(source), as_version=4)):
-        released = copy.deepcopy(cell)
-        clear._remove_hidden_test_region(released)
-        sources |= {cell.source.strip(), released.source.strip()}
-    return frozenset(sources)
-
-
-# ------------------------------------------------------------------------------------------------
-# The instructor's records: the solution notebook run once in a fresh kernel
-# ------------------------------------------------------------------------------------------------
-
-def _grade_cells(nb):
+def test_cells(nb) -> list:
+    """The notebook's test cells (course/grading/cells.py), in order."""
     from .cells import is_test
     return [c for c in nb.cells if is_test(c)]
 
-
-def _cache_key(source: Path) -> str:
-    """What the solution's records depend on: the notebook, llmcore's code (models, inputs,
-    the harness) and the torch and NumPy versions."""
-    import importlib.metadata
-    import importlib.util
-    h = hashlib.sha256(source.read_bytes())
-    for package in ("llmcore", "llmcheck"):
-        spec = importlib.util.find_spec(package)         # found, not imported (no torch here)
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            for path in sorted(Path(folder).rglob("*.py")):
-                h.update(path.read_bytes())
-    h.update(f"{importlib.metadata.version('torch')} {np.__version__}".encode())
-    return h.hexdigest()[:16]
-
-
-def expected_records(source: Path, config, cache_dir: Path | None,
-                     secret: str | None = None) -> dict[str, list[dict]]:
-    """grade_id -> the records of the solution notebook's test cell, its cases' fresh-input
-    twins drawn from ``secret`` (default: this run's, course/grading/secret.py) included; cached
-    by the notebook, llmcore's and llmcheck's code, the library versions and the secret's
-    fingerprint.
-
-    Raises RuntimeError when a test cell of the solution fails or makes no record."""
-    from .secret import fingerprint, run_secret
-    secret = secret or run_secret()
-    key = f"{_cache_key(source)}-{fingerprint(secret)}"
-    cached = cache_dir / f"{source.stem}-{key}.json" if cache_dir else None
-    if cached is not None and cached.is_file():
-        stored = json.loads(cached.read_text())
-        if stored.get("version") == CACHE_VERSION:
-            return stored["records"]
-    records = _run_solution(source, config, secret)
-    if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=cached.parent, delete=False,
-                                         suffix=".tmp") as f:
-            json.dump({"version": CACHE_VERSION, "records": records}, f)
-        os.replace(f.name, cached)
-    return records
-
-
-def _run_solution(source: Path, config, secret: str) -> dict[str, list[dict]]:
-    import nbformat
-    from .plugins import BoundedExecute
-    nb = nbformat.read(str(source), as_version=4)
-    execute = BoundedExecute(config=config)
-    execute.grade_secret = secret
-    with tempfile.TemporaryDirectory(prefix="solution-run-") as folder:
-        nb, _ = execute.preprocess(nb, {"metadata": {"path": folder}})
-    records = {}
-    for cell in _grade_cells(nb):
-        grade_id = cell.metadata.nbgrader["grade_id"]
-        found = records_of(cell)
-        if _kernel_error(cell) or not found or any(r["violations"] for r in found) \
-                or not all(all(r["canaries"].values()) for r in found):
-            raise RuntimeError(f"the solution {source} fails its own test cell {grade_id} (or it "
-                               "makes no record through llmcheck.cases.Test): fix the solution "
-                               "or the test")
-        twins_raised = [r["case"] for r in found if r["case"].endswith(TWIN_SUFFIX)
-                        and "raised" in (r.get("output") or {})]
-        if twins_raised:
-            raise RuntimeError(f"the solution {source}, test cell {grade_id}: case "
-                               f"{twins_raised[0]!r} raised on fresh inputs; its inputs need "
-                               "their values (pass fresh_inputs=False to that test.call)")
-        records[grade_id] = found
-    return records
 
 
 REVIEW_METADATA = "course_review"
@@ -342,21 +251,21 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
 
     from .review import review_evidence
     verdicts = {}
-    from .limits import HARNESS_METADATA
+    from .integrity import HARNESS_METADATA
     evidence = review_evidence(learner_sources(nb, instructor_tests))
     evidence += [f"the harness changed by the end of {cell.metadata.nbgrader.get('grade_id')}: "
                  + "; ".join(map(str, cell.metadata[HARNESS_METADATA][:3]))
-                 for cell in _grade_cells(nb) if cell.metadata.get(HARNESS_METADATA)]
+                 for cell in test_cells(nb) if cell.metadata.get(HARNESS_METADATA)]
     if evidence:
         nb.metadata[REVIEW_METADATA] = evidence
     else:
         nb.metadata.pop(REVIEW_METADATA, None)
-    for cell in _grade_cells(nb):
+    for cell in test_cells(nb):
         grade_id = cell.metadata.nbgrader.get("grade_id")
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
-        if verdict.passed and _kernel_error(cell):
+        if verdict.passed and kernel_error(cell):
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:
             name = "TamperingDetected" if verdict.tampering else "VerdictFailed"

@@ -3,8 +3,9 @@
 The grader (course/grading/grade.py) writes a :class:`Job` into a scratch folder of its own and
 starts ``python -c WORKER_COMMAND job.json``. The worker loads the job, runs nbgrader autograde
 in the job's scratch course (its kernel in the sandbox, the notebook run by
-:class:`course.grading.plugins.BoundedExecute` and judged by
-:class:`course.grading.plugins.Verdicts`), writes the feedback page, and answers an
+:class:`course.grading.executor.BoundedExecute` and judged by
+:class:`course.grading.judging.Verdicts`), writes the feedback page (a notebook that stopped
+gets its page from the grader's record step), and answers an
 :class:`course.grading.report.Outcome` in the job's outcome file. What the sandbox did to the
 kernel (a limit it hit) comes back through the job's events file, never through process-global
 state.
@@ -12,7 +13,6 @@ state.
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import re
@@ -102,7 +102,6 @@ def grade_submission(job: Job) -> Outcome:
     coursedir = course_directory(config, assignment_id=assignment, student_id=student)
     submitted = Path(coursedir.format_path(coursedir.submitted_directory, student, assignment))
     autograded = Path(coursedir.format_path(coursedir.autograded_directory, student, assignment))
-    feedback = Path(coursedir.format_path(coursedir.feedback_directory, student, assignment))
     outcome = Outcome(student, assignment)
     outcome.reasons += [f"{link}: a symbolic link, left out of the submission"
                         for link in job.links]
@@ -142,13 +141,8 @@ def grade_submission(job: Job) -> Outcome:
         outcome.reasons += notebook_reasons(nb, outcome.grades.get(path.stem, {}),
                                             memory_limit_mb=memory, cell_timeout=job.timeout
                                             or config.Execute.get("timeout"))
-    if job.feedback:
-        if outcome.failure:
-            for nb in sorted(submitted.glob("*.ipynb")):
-                write_failure_feedback(feedback / f"{nb.stem}.html", student, assignment,
-                                  outcome.failure)
-        else:
-            run_converter(GenerateFeedback(coursedir=coursedir, config=config))
+    if job.feedback and not outcome.failure:   # a failure's page: the grader's record step
+        run_converter(GenerateFeedback(coursedir=coursedir, config=config))
     outcome.seconds = time.perf_counter() - start
     return outcome
 
@@ -257,14 +251,3 @@ def _failure_reasons(records: LogRecords) -> list[str]:
             current = False
     return reasons
 
-
-def write_failure_feedback(path: Path, student: str, assignment: str, reason: str) -> None:
-    """A feedback page for a notebook that could not be run to the end, with the reason."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>Feedback</title></head><body>\n"
-        f"<h1>{html.escape(assignment)}: {html.escape(student)}</h1>\n"
-        "<p>Your notebook could not be run to the end, so every test scored 0. The grader "
-        f"reported: <code>{html.escape(reason)}</code></p>\n"
-        "<p>Run <code>course-check NOTEBOOK</code> on your notebook to see "
-        "what goes wrong, then submit it again.</p>\n</body></html>\n", encoding="utf-8")
