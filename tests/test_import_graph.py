@@ -82,11 +82,15 @@ def private_imports(imports: list[tuple[str, str, int]], module: str) -> list[st
             and target != module]
 
 
-def home(module: str) -> str:
-    """The module an import lands in, as LAYERS names it (a subpackage's modules: itself)."""
-    while module not in LAYER_OF and module.count(".") > 1:
-        module = module.rpartition(".")[0]
-    return module
+def home(module: str, layer_of: dict[str, int] = LAYER_OF) -> str:
+    """The module an import lands in, as LAYERS (or another table's ``layer_of``) names it: a
+    listed subpackage none of whose modules is listed holds its modules (llmcore.pretrained,
+    course.figures); any other module is itself."""
+    name = module
+    while name not in layer_of and name.count(".") > 1:
+        name = name.rpartition(".")[0]
+    listed_inside = any(other.startswith(f"{name}.") for other in layer_of)
+    return name if name == module or (name in layer_of and not listed_inside) else module
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -164,7 +168,87 @@ def module_getattr_lines(source: str) -> list[int]:
 def test_the_grader_builds_no_class_behind_a_module_getattr(path):
     lines = module_getattr_lines(path.read_text(encoding="utf-8"))
     assert not lines, (f"{path.name}:{lines}: a module-level __getattr__; give nbgrader a plain "
-                       "class (course/grading/plugins.py)")
+                       "class (course/grading/executor.py)")
+
+
+# -- the course's tooling and the exercises' harness: a layers table each, the same rules ---------
+COURSE_LAYERS = {
+    "book tools": ["topics_corpus", "figures", "sphinx_course", "site", "launch", "ship", "lab"],
+    "grading parts": ["grading.cells", "grading.secret", "grading.integrity", "grading.review",
+                      "grading.sandbox", "grading.exchange", "grading.edition", "grading.hidden",
+                      "grading.feedback"],
+    "running and judging": ["grading.executor", "grading.verdicts", "grading.judging"],
+    "nbgrader": ["grading.nbgrader_app", "grading.report"],
+    "audiences": ["grading.check", "grading.release", "grading.worker", "grading.grade",
+                  "grading.authoring"],
+    "commands": ["grading", "grading.cli", "grading.__main__", "hub", "bench"],
+}
+"""Bottom to top: the book's own tools; the grader's parts that need no other (nbgrader's cell
+metadata, the run's secret, the sandbox, the integrity protocol, review evidence, feedback
+pages); a notebook run and judged; nbgrader's applications and the gradebook; one module per
+audience (the learner's check, release, one submission's worker, the class's grade, authoring);
+the commands, the hub and the benchmarks. ``course.figures`` and ``course.bench`` are units."""
+
+LLMCHECK_LAYERS = {
+    "formats": ["record", "tree"],
+    "kernel state": ["fresh", "integrity"],
+    "op families and policies": ["families", "policy", "policies"],
+    "recording": ["blocking", "recorder"],
+    "test cases": ["cases"],
+}
+"""Bottom to top: the record both sides read (no torch) and the walk over nested tensors; the
+cell's secret and the harness's state at start; the families of aten ops and the exercises'
+policies; the op recorder and NumPy's blocking; ``Test``, what a test cell calls."""
+
+LAYERED = {package: ({f"{package}.{name}": i for i, names in enumerate(layers.values())
+                      for name in names}, layers, graph(PACKAGE.parent / package))
+           for package, layers in {"course": COURSE_LAYERS, "llmcheck": LLMCHECK_LAYERS}.items()}
+"""package -> (module -> its layer's index, the layers table, the package's import graph)."""
+
+
+def upward_imports(package: str, module: str) -> list[str]:
+    """The imports of ``module`` from a layer above its own or from the package itself."""
+    layer_of, _, imports = LAYERED[package]
+    return [f"{target} (line {line})" for target, _, line in imports[module]
+            if target == package or layer_of.get(home(target, layer_of), -1)
+            > layer_of[home(module, layer_of)]]
+
+
+@pytest.mark.parametrize("package", sorted(LAYERED))
+def test_every_course_and_harness_module_has_a_layer(package):
+    layer_of, _, imports = LAYERED[package]
+    modules = [m for m in imports if m != package]
+    unplaced = [m for m in modules if home(m, layer_of) not in layer_of]
+    assert not unplaced, f"{package} modules missing from its layers table: {unplaced}"
+    stale = sorted(set(layer_of) - {home(m, layer_of) for m in modules})
+    assert not stale, f"{package}'s layers table names modules that do not exist: {stale}"
+
+
+@pytest.mark.parametrize("package", sorted(LAYERED))
+def test_no_import_cycle_in_the_course_or_the_harness(package):
+    layer_of, _, imports = LAYERED[package]
+    edges: dict[str, set[str]] = {}
+    for module in [m for m in imports if m != package]:
+        edges.setdefault(home(module, layer_of), set()).update(
+            {home(target, layer_of) for target, _, _ in imports[module]}
+            - {home(module, layer_of)})
+    cycle = find_cycle(edges)
+    assert cycle is None, f"an import cycle in {package}: {' -> '.join(cycle)}"
+
+
+@pytest.mark.parametrize("package, module", [(p, m) for p in sorted(LAYERED)
+                                             for m in sorted(LAYERED[p][2]) if m != p])
+def test_course_and_harness_imports_point_down_or_across(package, module):
+    layer_of, layers, _ = LAYERED[package]
+    upward = upward_imports(package, module)
+    assert not upward, (f"{module} ({list(layers)[layer_of[home(module, layer_of)]]}) imports "
+                        f"from a layer above it or the package itself: {upward}")
+
+
+@pytest.mark.parametrize("module", sorted(LAYERED["llmcheck"][2]))
+def test_the_harness_imports_no_private_name_across_modules(module):
+    private = private_imports(LAYERED["llmcheck"][2][module], module)
+    assert not private, f"{module} imports private names of other modules: {private}"
 
 
 # -- the checks can fail ------------------------------------------------------------------------
@@ -198,3 +282,11 @@ def test_private_imports_and_module_getattr_are_seen():
         "course.grading._helpers (line 4)"]
     assert module_getattr_lines("x = 1\ndef __getattr__(name):\n    return name\n") == [2]
     assert module_getattr_lines("class A:\n    def __getattr__(self, name):\n        pass\n") == []
+
+
+def test_a_unit_holds_its_modules_and_a_package_with_listed_modules_does_not():
+    layer_of = {"course.figures": 0, "course.grading": 1, "course.grading.cells": 0}
+    assert home("course.figures.common", layer_of) == "course.figures"
+    assert home("course.grading", layer_of) == "course.grading"
+    assert home("course.grading.new", layer_of) == "course.grading.new"      # unplaced
+    assert home("course.grading.cells", layer_of) == "course.grading.cells"
