@@ -21,9 +21,10 @@ from typing import Callable
 import torch
 
 from . import fresh
+from .blocking import blocked
 from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large
-from .recorder import NotAllowedError, OpRecorder, Policy, blocked, storages_of
-
+from .recorder import NotAllowedError, OpRecorder, Policy, storages_of
+from .tree import fold, tensors_in
 
 
 def encode(value) -> dict:
@@ -59,36 +60,40 @@ def raised(error: BaseException) -> dict:
             "message": str(error)[:500]}
 
 
-def _digest_into(h, value) -> None:
+def _leaf_pieces(value) -> list:
+    """What a leaf adds to the digest: bytes, and tensors (turned into bytes one at a time)."""
     if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu").contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update((t.float() if t.dtype == torch.bfloat16 else t).numpy().tobytes())
-    elif isinstance(value, torch.nn.Module):
-        h.update(f"M{type(value).__name__}".encode())
-        for name, tensor in value.state_dict().items():
-            h.update(name.encode())
-            _digest_into(h, tensor)
-    elif isinstance(value, (list, tuple)):
-        h.update(f"L{len(value)}".encode())
-        for v in value:
-            _digest_into(h, v)
-    elif isinstance(value, dict):
-        for k in sorted(value, key=str):
-            h.update(str(k).encode())
-            _digest_into(h, value[k])
-    elif isinstance(value, (int, float, bool, str, type(None))):
-        h.update(f"S{type(value).__name__}{value!r}".encode())
-    else:
-        h.update(f"O{type(value).__name__}".encode())
+        return [value]
+    if isinstance(value, torch.nn.Module):
+        return [f"M{type(value).__name__}".encode(),
+                *(piece for name, tensor in value.state_dict().items()
+                  for piece in (name.encode(), tensor))]
+    if isinstance(value, (int, float, bool, str, type(None))):
+        return [f"S{type(value).__name__}{value!r}".encode()]
+    return [f"O{type(value).__name__}".encode()]
+
+
+def _branch_pieces(container, results: list[list]) -> list:
+    """A list or tuple: its length, then its items; a dict: each key (in the order of its text)
+    with its value."""
+    if isinstance(container, dict):
+        keyed = sorted(zip(container, results), key=lambda item: str(item[0]))
+        return [piece for key, result in keyed for piece in (str(key).encode(), *result)]
+    return [f"L{len(container)}".encode(), *(piece for result in results for piece in result)]
+
+
+def _tensor_bytes(value: torch.Tensor) -> bytes:
+    t = value.detach().to("cpu").contiguous()
+    data = (t.float() if t.dtype == torch.bfloat16 else t).numpy().tobytes() if t.numel() else b""
+    return f"T{t.dtype}{tuple(t.shape)}".encode() + data
 
 
 def digest(*values) -> str:
     """SHA-256 of the values' types, dtypes, shapes and bytes (a model: its state dict)."""
     h = hashlib.sha256()
     for v in values:
-        _digest_into(h, v)
+        for piece in fold(v, _leaf_pieces, _branch_pieces):
+            h.update(_tensor_bytes(piece) if isinstance(piece, torch.Tensor) else piece)
     return h.hexdigest()
 
 
@@ -110,25 +115,12 @@ _CANARY_OPS = {
 """A known call of each op a policy may forbid: the forbid canary commits it."""
 
 
-def _tensors_in(value, depth: int = 0) -> list[torch.Tensor]:
-    """Every tensor in a value: nested lists, tuples and dicts, a module's parameters and buffers."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, torch.nn.Module):
-        return [*value.parameters(), *value.buffers()]
-    if depth < 4 and isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v, depth + 1)]
-    if depth < 4 and isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v, depth + 1)]
-    return []
-
-
 def _unseen(result, recorder: OpRecorder, given) -> bool:
     """Whether a returned tensor was neither given to the call nor made by an op the recorder saw
     (made before the call, or computed with the recorder switched off)."""
-    known = recorder.produced | {t.untyped_storage().data_ptr() for t in _tensors_in(given)}
+    known = recorder.produced | {t.untyped_storage().data_ptr() for t in tensors_in(given)}
     return any(t.numel() and t.device.type != "meta"
-               and t.untyped_storage().data_ptr() not in known for t in _tensors_in(result))
+               and t.untyped_storage().data_ptr() not in known for t in tensors_in(result))
 
 
 def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:

@@ -25,6 +25,7 @@ import hashlib
 import torch
 
 from .record import TWIN_SUFFIX
+from .tree import fold
 
 _secret: bytes | None = None
 
@@ -73,16 +74,12 @@ def twin(cell: str, case: str, args: tuple, kwargs: dict):
     redrawn = [False]
     memo: dict[int, object] = {}
 
-    def walk(value):
+    def leaf(value):
         if isinstance(value, torch.Tensor):
             if id(value) not in memo:
                 memo[id(value)] = _fresh_tensor(value, generator)
                 redrawn[0] |= memo[id(value)] is not value
             return memo[id(value)]
-        if type(value) in (list, tuple):
-            return type(value)(walk(v) for v in value)
-        if type(value) is dict:
-            return {k: walk(v) for k, v in value.items()}
         if isinstance(value, torch.nn.Module):             # a model: fresh weights
             twin_module = copy.deepcopy(value, memo)
             with torch.no_grad():
@@ -93,5 +90,9 @@ def twin(cell: str, case: str, args: tuple, kwargs: dict):
             return twin_module
         return copy.deepcopy(value, memo)
 
-    fresh_args, fresh_kwargs = tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}
+    def rebuilt(container, items: list):
+        return dict(zip(container, items)) if isinstance(container, dict) else \
+            type(container)(items)
+
+    fresh_args, fresh_kwargs = fold((tuple(args), dict(kwargs)), leaf, rebuilt, exact=True)
     return (fresh_args, fresh_kwargs) if redrawn[0] else None

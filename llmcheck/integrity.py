@@ -17,15 +17,27 @@ from __future__ import annotations
 import hashlib
 import sys
 
-_WATCHED = {
+WATCHED = {
     "llmcheck.cases": ("Test.call", "Test.raises", "Test._case", "Test._run", "Test._publish",
-                       "digest", "encode", "_canaries", "_unseen"),
+                       "digest", "encode", "_canaries", "_unseen", "blocked", "fold",
+                       "tensors_in", "storages_of"),
     "llmcheck.recorder": ("OpRecorder.__torch_dispatch__", "OpRecorder.__enter__",
-                          "OpRecorder.__exit__", "OpRecorder.refuse", "Policy.of",
-                          "Policy.describe", "blocked"),
-    "llmcheck.fresh": ("receive", "twin"),
+                          "OpRecorder.__exit__", "OpRecorder.refuse", "OpRecorder.held",
+                          "blocked", "tensors_in", "op_family", "forbidden_frame",
+                          "autograd_at_work"),
+    "llmcheck.policy": ("Policy.of", "Policy.describe", "Policy.allows"),
+    "llmcheck.fresh": ("receive", "twin", "fold"),
 }
-"""The harness's functions whose replacement would change what a record says."""
+"""The harness's functions whose replacement would change what a record says, each named in the
+module whose code calls it (``llmcheck.cases`` calls its own binding of ``blocked``). Every name
+must resolve to a function when the kernel starts: :func:`snapshot` refuses to take the baseline
+otherwise (:class:`UnwatchedName`), so a rename cannot turn the check off in silence."""
+
+
+class UnwatchedName(LookupError):
+    """A name in :data:`WATCHED` that does not resolve to a function: the harness was renamed
+    without this table (a developer's error, raised where the kernel starts)."""
+
 
 _IPYTHON_EVENTS = ("pre_run_cell", "post_run_cell", "pre_execute")
 _IPYTHON_TRANSFORMERS = ("input_transformers_cleanup", "input_transformers_post",
@@ -39,6 +51,19 @@ def _resolve(module, dotted: str):
     return value
 
 
+def unresolved() -> list[str]:
+    """The names of :data:`WATCHED` that are not a function now (``[]`` when every one is)."""
+    import importlib
+    missing = []
+    for name, functions in WATCHED.items():
+        module = sys.modules.get(name) or importlib.import_module(name)
+        for dotted in functions:
+            function = _resolve(module, dotted)
+            if getattr(getattr(function, "__func__", function), "__code__", None) is None:
+                missing.append(f"{name}.{dotted}")
+    return missing
+
+
 def _code_hash(function) -> str:
     code = getattr(getattr(function, "__func__", function), "__code__", None)
     if code is None:
@@ -50,7 +75,7 @@ def snapshot() -> dict[str, object]:
     """What the harness and the interpreter's hooks look like now (plain data)."""
     import importlib
     state: dict[str, object] = {}
-    for name, functions in _WATCHED.items():
+    for name, functions in WATCHED.items():
         module = sys.modules.get(name) or importlib.import_module(name)
         state[f"module {name}"] = id(module)
         for dotted in functions:
@@ -77,7 +102,17 @@ def _shell():
     return ipython.get_ipython() if ipython is not None else None
 
 
-BASELINE = snapshot()
+def baseline() -> dict[str, object]:
+    """The snapshot at kernel start; raises :class:`UnwatchedName` when a watched name does not
+    resolve to a function (renamed or moved without :data:`WATCHED`)."""
+    missing = unresolved()
+    if missing:
+        raise UnwatchedName(f"llmcheck.integrity watches names that are not functions: {missing}; "
+                            "update WATCHED where the harness was renamed or moved")
+    return snapshot()
+
+
+BASELINE = baseline()
 
 
 def changes() -> list[str]:

@@ -578,3 +578,38 @@ def test_quantization_allows_rounding_bitwise_ops_integer_casts_and_products():
         product = A @ (values.to(A.dtype) * scale)                            # (3, 5)
     assert not recorder.violations, recorder.violations
     assert torch.equal(unpacked, codes) and product.shape == (3, 5) and recorder.products == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# The harness's modules: no llmcore at import, one table of shortcuts
+# ------------------------------------------------------------------------------------------------
+
+_IMPORTED = ("import sys, llmcheck.recorder, llmcheck.cases, llmcheck.integrity; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llmcore'))")
+
+
+def test_importing_the_harness_imports_no_llmcore_module():
+    """The exercise policies name llmcore's modules (CodeOf): each is imported when a test makes
+    its policy, never because a kernel imported the recorder."""
+    done = subprocess.run([sys.executable, "-c", _IMPORTED], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert done.stdout.strip() == "[]"
+    paging = subprocess.run([sys.executable, "-c", "import sys; from llmcheck.recorder import "
+                             "PAGING, Policy; policy = Policy.of(PAGING); "
+                             "print('llmcore.paged' in sys.modules, policy.describe()"
+                             "['callables'], len(policy.codes) > 10)"],
+                            capture_output=True, text=True, check=True, timeout=120)
+    assert paging.stdout.split(" [")[0] == "True", paging.stdout
+    assert "['llmcore.block_allocator', 'llmcore.paged', 'llmcore.paged_batch'] True" \
+        in paging.stdout
+
+
+def test_each_shortcut_is_one_row_and_its_family_is_the_tables():
+    from llmcheck.families import PRODUCT_OPS, SHORTCUT_OPS, SHORTCUTS
+    ops = [op for row in SHORTCUTS for op in row.ops]
+    assert len(ops) == len(set(ops)), "an op in two rows"
+    assert PRODUCT_OPS <= SHORTCUT_OPS == set(ops)
+    for row in SHORTCUTS:
+        assert all(op_family(op) == row.family for op in row.ops), row.what
+    assert {"mm", "bmm", "addmm", "convolution", "_scaled_dot_product_flash_attention"} \
+        <= PRODUCT_OPS and not {"matmul", "_softmax", "conv_tbc"} & PRODUCT_OPS
