@@ -81,7 +81,7 @@ def test_every_writable_mount_is_sized_and_the_rest_is_read_only(tmp_path):
     args = sandbox.bwrap_command(tmp_path)
     tmpfs = {args[i + 1]: args[i - 2:i] for i, a in enumerate(args) if a == "--tmpfs"}
     assert set(tmpfs) == {"/tmp", sandbox.SANDBOX_HOME, "/dev/shm"}, tmpfs
-    if sandbox._bwrap_has_size():
+    if sandbox.bwrap_has_size():
         sizes = {path: int(size[1]) // sandbox.MiB for path, size in tmpfs.items()}
         assert sizes == {"/tmp": sandbox.TMPFS_MB, sandbox.SANDBOX_HOME: sandbox.TMPFS_MB,
                          "/dev/shm": sandbox.SHM_MB}, tmpfs
@@ -95,7 +95,7 @@ def test_every_writable_mount_is_sized_and_the_rest_is_read_only(tmp_path):
 def test_the_python_environment_is_bound_over_the_private_tmp(tmp_path, monkeypatch):
     """A checkout (and its .venv) under /tmp, as a fresh clone in CI may be: the environment must
     be mounted after the private /tmp, or the sandbox hides the kernel's own interpreter."""
-    monkeypatch.setattr(sandbox, "_python_dirs", lambda: ["/tmp/somewhere/.venv"])
+    monkeypatch.setattr(sandbox.bwrap, "python_dirs", lambda: ["/tmp/somewhere/.venv"])
     args = sandbox.bwrap_command(tmp_path)
     tmpfs = args.index("/tmp", args.index("--tmpfs"))
     bound = [i for i, a in enumerate(args) if a == "/tmp/somewhere/.venv"]
@@ -206,7 +206,7 @@ def test_grading_refuses_without_a_sandbox(monkeypatch, tmp_path):
 
 
 def test_kernel_manager_refuses_to_autograde_without_a_sandbox(monkeypatch):
-    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "bwrap is not installed (test)")
+    monkeypatch.setattr(sandbox.manager, "sandbox_problem", lambda: "bwrap is not installed (test)")
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     km = sandbox.SandboxedKernelManager(kernel_name="python3")
     with pytest.raises(sandbox.SandboxUnavailable, match="unsandboxed_trusted"):
@@ -216,7 +216,7 @@ def test_kernel_manager_refuses_to_autograde_without_a_sandbox(monkeypatch):
 @pytest.mark.slow
 def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_start():
     code = ("import sys; from course.grading import sandbox, cli; "
-            "sandbox.sandbox_problem = lambda: 'no user namespaces (test)'; "
+            "sandbox.manager.sandbox_problem = lambda: 'no user namespaces (test)'; "
             "sys.exit(cli.main(['check', 'exercises/01_matmul/matmul.ipynb', '--timeout', '60']))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
@@ -589,7 +589,7 @@ def _disk_free(path: str = "/tmp") -> int:
 
 def _stale_cgroups() -> list[Path]:
     """Kernel cgroups left under this process's memory cgroups by grader processes now gone."""
-    return [path for _, parent in sandbox._own_memory_cgroups()
+    return [path for _, parent in sandbox.own_memory_cgroups()
             for path in parent.glob(f"{sandbox.CGROUP_PREFIX}*")
             if not Path(f"/proc/{path.name[len(sandbox.CGROUP_PREFIX):].split('-')[0]}").exists()]
 
