@@ -22,7 +22,7 @@ endif
 # install time doubles the time and adds 0.2 GB.
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help venv learner instructor dev book book-instructor book-cache test browser bench lab \
+.PHONY: help venv learner instructor dev book book-instructor book-cache test test-fast browser bench lab \
 	lab-instructor sandbox exercises check grade learner-edition train hub clean
 
 help:
@@ -74,8 +74,13 @@ book-cache:
 	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
 	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
 
+# Two tiers (README, "Tests"): test-fast is the developer's loop (no grading, no book, no servers,
+# no installs: the tests not marked slow), test the whole house; both print their slowest tests.
 test: $(STAMP) browser sandbox book-cache hub
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q --durations=10
 
 # The environment every JupyterHub user's server runs in (deploy/README.md, tests/test_hub.py):
 # the hub profile of the course's learner edition (written to $(HUB_ENV)/course: no solutions, no

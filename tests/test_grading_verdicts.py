@@ -263,6 +263,7 @@ def graded(tmp_path_factory):
     return course, run.rows, before
 
 
+@pytest.mark.slow       # its fixture grades a whole class
 def test_cheats_leave_the_course_byte_identical(graded):
     """Solutions, submissions and config unchanged: only the grader's outputs are new."""
     course, _, before = graded
