@@ -198,3 +198,87 @@ def llama_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int, eps: f
         x = x + swiglu(h, p[pre + "ffn.w_gate"], p[pre + "ffn.w_up"], p[pre + "ffn.w_down"])
         layer += 1
     return rms_norm(x, p["norm_f.weight"], eps) @ p["lm_head"]
+
+
+def moe(x, w_router, w_gate, w_up, w_down, *, top_k: int, normalize: bool = True,
+        capacity: int | None = None) -> np.ndarray:
+    """A mixture of SwiGLU experts, one token at a time: x (..., n, d)   w_router (d, E)
+    w_gate, w_up (E, d, f)   w_down (E, f, d)   ->   (..., n, d).
+
+    Each token takes the top_k experts of softmax(x w_router) (weights renormalised to sum to 1
+    when ``normalize``); with a capacity, an expert takes the first ``capacity`` (token, choice)
+    pairs in token order and a dropped pair adds nothing."""
+    x, w_router, w_gate, w_up, w_down = _f64(x, w_router, w_gate, w_up, w_down)
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.zeros_like(rows)
+    taken = np.zeros(w_router.shape[1], dtype=int)
+    for t, row in enumerate(rows):
+        probs = softmax(row @ w_router)
+        chosen = np.argsort(-probs, kind="stable")[:top_k]
+        weights = probs[chosen] / probs[chosen].sum() if normalize else probs[chosen]
+        for e, weight in zip(chosen, weights):
+            if capacity is not None and taken[e] >= capacity:
+                continue
+            taken[e] += 1
+            out[t] += weight * swiglu(row, w_gate[e], w_up[e], w_down[e])
+    return out.reshape(x.shape)
+
+
+def load_balancing_loss(router_logits, top_k: int) -> float:
+    """E * sum_i f_i P_i: f_i the top_k choices that went to expert i per token, P_i the mean
+    router probability of expert i. router_logits: (T, E) -> a float."""
+    (logits,) = _f64(router_logits)
+    probs = softmax(logits)
+    n_tokens, n_experts = probs.shape
+    counts = np.zeros(n_experts)
+    for row in probs:
+        counts[np.argsort(-row, kind="stable")[:top_k]] += 1
+    return float(n_experts * np.sum(counts / n_tokens * probs.mean(axis=0)))
+
+
+def prompt_lookup(tokens, k: int, *, ngram: int = 3) -> np.ndarray:
+    """The tokens that followed the most recent earlier occurrence of the last n-gram (n = ngram,
+    then shorter). tokens: (m,) ints -> (t,), t <= k."""
+    tokens = np.asarray(tokens)
+    m = len(tokens)
+    for n in range(min(ngram, m - 1), 0, -1):
+        for start in reversed(range(m - n)):
+            if np.array_equal(tokens[start:start + n], tokens[m - n:]):
+                return tokens[start + n:start + n + k]
+    return tokens[:0]
+
+
+def accept_greedy(draft, logits) -> tuple[int, int]:
+    """Longest prefix of draft (k,) equal to the argmax of logits (k + 1, v); then the argmax
+    at the first disagreement (or the last row). -> (accepted, next token)."""
+    best = np.argmax(np.asarray(logits, dtype=np.float64), axis=-1)
+    a = 0
+    while a < len(draft) and best[a] == draft[a]:
+        a += 1
+    return a, int(best[a])
+
+
+def residual_distribution(p, q) -> np.ndarray:
+    """max(0, p - q) normalised; p itself where p == q. p, q: (..., v)."""
+    p, q = _f64(p, q)
+    excess = np.maximum(p - q, 0.0)
+    total = excess.sum(axis=-1, keepdims=True)
+    return np.where(total > 0, excess / np.where(total > 0, total, 1.0), p)
+
+
+def accept_sampled(draft, p, q, u, u_draw) -> tuple[int, int]:
+    """Keep draft token i while u[i] q[i, d_i] < p[i, d_i]; at the first rejection draw from the
+    residual with u_draw (inverse CDF), all kept from p[k]. draft (k,), p (k + 1, v), q (k, v) or
+    None (one-hot), u (k,), u_draw a float -> (accepted, next token)."""
+    p = np.asarray(p, dtype=np.float64)
+    k, v = len(draft), p.shape[-1]
+    q = np.eye(v)[np.asarray(draft, dtype=int)] if q is None else np.asarray(q, np.float64)
+
+    def draw(probs):
+        cdf = np.cumsum(probs)
+        return int(min(np.searchsorted(cdf, u_draw * cdf[-1], side="right"), v - 1))
+
+    for i in range(k):
+        if not u[i] * q[i, draft[i]] < p[i, draft[i]]:
+            return i, draw(residual_distribution(p[i], q[i]))
+    return k, draw(p[k])

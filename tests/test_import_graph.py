@@ -19,13 +19,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llmcore"
 LAYERS = {
     "foundations": ["device", "shapes", "masks", "storage", "timing", "peak_memory", "published",
                     "scalar", "reference", "testing", "tokenizer", "corpus", "batching"],
-    "operations": ["softmax", "matmul", "norm", "rope", "attention", "multihead", "ffn",
+    "operations": ["softmax", "matmul", "norm", "rope", "attention", "multihead", "ffn", "moe",
                    "tiled", "backward", "parallel", "sampling", "quantize", "lowbit"],
     "caches": ["layout", "cache", "kvcache", "prefix", "block_allocator", "paged_batch",
                "paged"],
     "models": ["decoder", "model", "llama", "parameters", "checkpoint", "attention_probe",
                "pretrained"],
-    "generation": ["decode", "fastpath", "generate", "serving", "train", "lora"],
+    "generation": ["decode", "fastpath", "generate", "serving", "train", "lora", "speculative"],
 }
 """Bottom to top: shapes and tools; the operations, each in its rungs; where keys and values are
 kept; the models that compose them; generation, which runs a model step by step."""
