@@ -27,7 +27,7 @@ EXECUTED = book_site.executed_pages()
 
 PARTS = {"Foundations": (1, 2), "Attention": (3, 4), "The model": (5, 6),
          "Inference": (7, 8, 9), "Beyond": (10, 11, 12),
-         "Fewer bits, fewer parameters": (13, 14)}
+         "Fewer bits, fewer parameters": (13, 14), "More tokens, more parameters": (15, 16)}
 """Which chapters each part of the table of contents holds (notes/CHAPTERS.md)."""
 
 
