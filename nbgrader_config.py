@@ -17,9 +17,10 @@ c.CourseDirectory.release_directory = "exercises"
 # nbgrader's exchange with its two open doors closed (course/grading/exchange.py): a submission
 # is writable by its student alone, and collect refuses (and logs) a submission whose folder
 # belongs to anyone but the student it names, then closes what it collects to the instructor.
-from course.grading.exchange import configure_exchange  # noqa: E402
-
-configure_exchange(c)
+# (Named here, not imported: the learner's check reads this file where nbgrader is not installed;
+# tests/test_exchange_owner.py checks these are course.grading.exchange.EXCHANGE_CLASSES.)
+c.ExchangeFactory.submit = "course.grading.exchange.PrivateSubmit"
+c.ExchangeFactory.collect = "course.grading.exchange.OwnerCheckedCollect"
 
 # What a learner sees in place of each solution.
 c.ClearSolutions.code_stub = {

@@ -20,7 +20,7 @@ from nbgrader.coursedir import CourseDirectory  # noqa: E402
 from course.grading.exchange import (  # noqa: E402
     COLLECTED_FILE_MODE, COLLECTED_FOLDER_MODE, EXCHANGE_CLASSES, SUBMISSION_FILE_MODE,
     SUBMISSION_FOLDER_MODE,
-    OwnerCheckedCollect, PrivateSubmit, configure_exchange)
+    OwnerCheckedCollect, PrivateSubmit)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="nbgrader's exchange is POSIX")
 
@@ -148,14 +148,6 @@ def test_submit_leaves_a_folder_only_its_student_writes(tmp_path, monkeypatch):
     assert stat.S_IMODE(made[0].stat().st_mode) == SUBMISSION_FOLDER_MODE == 0o750
     for path in made[0].iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == SUBMISSION_FILE_MODE == 0o644, path
-
-
-def test_configure_exchange_sets_every_class():
-    from traitlets.config import Config
-    config = Config()
-    configure_exchange(config)
-    assert {action: config.ExchangeFactory[action] for action in EXCHANGE_CLASSES} \
-        == EXCHANGE_CLASSES
 
 
 def test_the_course_config_uses_the_course_exchange():

@@ -21,8 +21,8 @@ that the instructor's machine does not name (Kubernetes), a roster file maps eac
 their uid (``OwnerCheckedCollect.uid_roster``: JSON ``{"uids": {"alice": 2001}}``, the roster of
 ``deploy/zero-to-jupyterhub/config.yaml``).
 
-:func:`configure_exchange` sets both classes in an nbgrader configuration; ``nbgrader_config.py``
-(the instructor's commands) and the hub's global configuration (the students' servers) call it.
+:data:`EXCHANGE_CLASSES` names both for nbgrader's ``ExchangeFactory``: ``nbgrader_config.py`` (the
+instructor's commands) and the hub's global configuration (the students' servers) set them.
 """
 
 from __future__ import annotations
@@ -51,12 +51,6 @@ EXCHANGE_CLASSES = {
     "collect": "course.grading.exchange.OwnerCheckedCollect",
 }
 """nbgrader's ``ExchangeFactory`` settings this module replaces."""
-
-
-def configure_exchange(config) -> None:
-    """Set the course's exchange classes in an nbgrader configuration object ``c``."""
-    for action, class_name in EXCHANGE_CLASSES.items():
-        setattr(config.ExchangeFactory, action, class_name)
 
 
 def close_permissions(folder: str | os.PathLike, *, groupshared: bool = False) -> None:
