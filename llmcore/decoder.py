@@ -19,7 +19,9 @@ from torch import Tensor, nn
 
 from .attention import BACKENDS
 from .cache import Cache
-from .layout import check_attention_mask, contiguous_layout
+from .kvcache import KVCache
+from .layout import Layout, check_attention_mask, contiguous_layout
+from .masks import sliding_window_mask
 from .multihead import head_sizes
 from .shapes import check_shape, check_tensor
 
@@ -137,6 +139,31 @@ class Decoder(nn.Module):
                                  f"values from {low} to {high}")
         return tokens
 
+    def windowed(self, layout: Layout, cache: Cache | None, past: int) -> Layout:
+        """The layout cut to the model's sliding window (``config.sliding_window``, Mistral): a
+        query sees itself and the window - 1 keys before it, as
+        :func:`llmcore.masks.sliding_window_mask` draws. Without a cache and with a contiguous
+        :class:`llmcore.kvcache.KVCache` the slots are bottom-right aligned, so the band is that
+        mask (with left padding too: slots and positions differ by a constant per sequence); a
+        cache that keeps only the window itself (its ``window`` attribute, e.g.
+        :class:`llmcore.kvcache.RollingKVCache`) lays out its own band. Any other cache holding
+        more than the window is refused rather than attended wrongly. Chapter 11."""
+        window = getattr(self.config, "sliding_window", None)
+        own = getattr(cache, "window", None)
+        if own is not None and own != window:
+            raise ValueError(f"{type(cache).__name__} keeps a window of {own} keys, but this "
+                             f"model's sliding_window is {window}")
+        n = layout.positions.shape[1]
+        if window is None or own is not None or past + n <= window:
+            return layout                         # every key it holds is within the window
+        if cache is not None and type(cache) is not KVCache:
+            raise ValueError(f"sliding-window attention over {past + n} > {window} tokens "
+                             f"is implemented without a cache, with KVCache and with "
+                             f"RollingKVCache, not with {type(cache).__name__}")
+        band = sliding_window_mask(n, past + n, window, layout.positions.device)   # (n, m)
+        mask = band if layout.mask is None else layout.mask & band            # (b, 1, n, m)
+        return Layout(layout.positions, mask.expand(len(layout.positions), 1, *band.shape))
+
     def forward(self, tokens: Tensor, cache: Cache | None = None, *,
                 attention_mask: Tensor | None = None, backend: str = "explicit",
                 last_only: bool = False) -> Tensor:
@@ -160,6 +187,7 @@ class Decoder(nn.Module):
                                        device=tokens.device)
         else:            # checks that the tokens fit before anything is written
             layout = cache.prepare(b, n, mask)
+        layout = self.windowed(layout, cache, past)
         x = self.embed(tokens, layout.positions)                     # (b, n, d)
         for layer, block in enumerate(self.blocks):
             x = block(x, layout, cache, layer, backend)              # (b, n, d)

@@ -352,6 +352,19 @@ class LlamaBlockWeights(NamedTuple):
     w_down: Tensor
 
 
+def unserved_features(config) -> list[str]:
+    """The family features of a Llama config (chapter 11) that :class:`FastLlama` does not
+    compute, by name; it refuses such a model rather than compute it wrong."""
+    features = {"q/k/v biases (qkv_bias, Qwen2)": config.qkv_bias,
+                "per-head q/k RMSNorm (qk_norm, Qwen3)": config.qk_norm,
+                f"head_dim = {config.d_head} != d_model / n_heads":
+                    config.d_head * config.n_heads != config.d_model,
+                f"sliding-window attention (sliding_window = {config.sliding_window}, Mistral)":
+                    config.sliding_window is not None,
+                "RoPE scaling (rope_scaling, Llama 3.1)": config.rope_scaling is not None}
+    return [name for name, present in features.items() if present]
+
+
 class FastLlama(FastDecoder):
     """:class:`FastDecoder` for a :class:`llmcore.llama.Llama`: no positions at the embedding,
     RMSNorm, RoPE on q and k (cos and sin tables made once for every position), SwiGLU, no
@@ -360,6 +373,11 @@ class FastLlama(FastDecoder):
     def __init__(self, model: Llama, *, compile: bool = False, batch_size: int = 1,
                  precision: str | None = None, pack: bool | None = None):
         c = model.config
+        missing = unserved_features(c)
+        if missing:
+            raise NotImplementedError(
+                f"the fast path does not implement {', '.join(missing)} yet; this model runs "
+                "on the teaching path (generate(..., fast=False))")
         self.eps = c.rms_eps
         super().__init__(model, compile=compile, batch_size=batch_size, precision=precision,
                          pack=pack)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .attention import attention
 from .layout import Layout, contiguous_layout
+from .masks import sliding_window_mask
 from .shapes import check_operands, check_shape
 
 
@@ -190,3 +191,85 @@ class KVCache:
         element = self.keys[0].element_size()
         return self.tokens_held() * kv_bytes_per_token(self.n_layers, self.n_kv_heads,
                                                         self.d_head, element)
+
+
+class RollingKVCache:
+    """Sliding-window attention's cache (Mistral): per layer, K and V of the last ``window``
+    tokens only, (b, h_kv, <= window, d_head), however long the sequence grows.
+
+    A query sees itself and the window - 1 keys before it, so no later query needs a key older
+    than the last window: each layer attends over its kept rows followed by the new ones (a band
+    mask, :func:`llmcore.masks.sliding_window_mask`, when they are more than the window), then
+    keeps the last ``window`` of them. The keys are stored already rotated, so a key's row
+    carries its position and the kept rows could sit in any order (a ring buffer written in
+    place is the serving form; this one keeps them in order). No padding. Chapter 11.
+    """
+
+    def __init__(self, *, n_layers: int, batch_size: int, n_kv_heads: int, d_head: int,
+                 window: int, max_seq_len: int, device=None,
+                 dtype: torch.dtype = torch.float32):
+        if window < 1:
+            raise ValueError(f"RollingKVCache: window must be at least 1, got {window}")
+        self.n_layers, self.batch_size, self.window = n_layers, batch_size, window
+        self.n_kv_heads, self.d_head, self.max_seq_len = n_kv_heads, d_head, max_seq_len
+        empty = (batch_size, n_kv_heads, 0, d_head)
+        self.keys = [torch.zeros(empty, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.values = [torch.zeros(empty, device=device, dtype=dtype) for _ in range(n_layers)]
+        self.length = 0                      # tokens seen (positions continue from here)
+
+    @classmethod
+    def for_model(cls, model, batch_size: int) -> "RollingKVCache":
+        """An empty cache for ``model``, whose config must have a ``sliding_window``."""
+        c = model.config
+        window = getattr(c, "sliding_window", None)
+        if window is None:
+            raise ValueError(f"RollingKVCache needs a model with a sliding_window; "
+                             f"{type(model).__name__}'s attention sees every earlier key")
+        return cls(n_layers=c.n_layers, batch_size=batch_size, n_kv_heads=c.kv_heads,
+                   d_head=c.d_head, window=window, max_seq_len=c.max_seq_len,
+                   device=model.device, dtype=model.dtype)
+
+    @property
+    def max_length(self) -> int:
+        """Tokens seen so far (more than it holds once past the window)."""
+        return self.length
+
+    def held(self) -> int:
+        """Rows each layer holds: min(length, window)."""
+        return self.keys[0].shape[2]
+
+    def prepare(self, b: int, n: int, attention_mask: Tensor | None) -> Layout:
+        """Positions length .. length + n - 1 and, past the window, the band over the held rows
+        and the new ones: (b, 1, n, held + n)."""
+        if b != self.batch_size:
+            raise ValueError(f"batch-size mismatch: tokens hold b = {b} sequences, the cache "
+                             f"holds {self.batch_size}")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("RollingKVCache holds no padding: pass sequences of equal length")
+        if self.length + n > self.max_seq_len:
+            raise ValueError(f"cache full: {self.length} seen + {n} new tokens > max_seq_len = "
+                             f"{self.max_seq_len}")
+        device = self.keys[0].device
+        positions = torch.arange(self.length, self.length + n, device=device).expand(b, n)
+        m = self.held() + n
+        if m <= self.window:
+            return Layout(positions, None)                        # the plain causal rule
+        band = sliding_window_mask(n, m, self.window, device)     # (n, m)
+        return Layout(positions, band.expand(b, 1, n, m))
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, layout: Layout,
+               backend: str = "explicit") -> Tensor:
+        """q: (b, h, n, d_head), new k, v: (b, h_kv, n, d_head) -> (b, h, n, d_head); keeps the
+        last ``window`` rows of this layer."""
+        check_operands(k=k, v=v, cache=self.keys[layer])
+        keys = torch.cat([self.keys[layer], k], dim=2)            # (b, h_kv, held + n, d_head)
+        values = torch.cat([self.values[layer], v], dim=2)
+        out = attention(q, keys, values, causal=layout.mask is None, mask=layout.mask,
+                        backend=backend)
+        self.keys[layer] = keys[:, :, -self.window:].contiguous()
+        self.values[layer] = values[:, :, -self.window:].contiguous()
+        return out
+
+    def commit(self, n: int, attention_mask: Tensor | None) -> None:
+        """The n new tokens count as seen (their rows were kept by ``attend``)."""
+        self.length += n

@@ -48,3 +48,23 @@ def causal_mask(n: int, m: int,
     # keeps j - i <= m - n
     ones = torch.ones(n, m, dtype=torch.bool, device=device)        # (n, m)
     return ones.tril_(m - n)
+
+
+def sliding_window_mask(n: int, m: int, window: int,
+                        device: torch.device | str | None = None) -> Tensor:
+    """The causal mask cut to a band: query i sees key j when
+    0 <= (i + m - n) - j < window, itself and the window - 1 keys before it.
+
+    (n, m) bool, bottom-right aligned as :func:`causal_mask` (Mistral's
+    sliding-window attention). Chapter 11.
+
+    >>> sliding_window_mask(3, 5, 2).int().tolist()
+    [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+    """
+    if window < 1:
+        raise ValueError(f"sliding_window_mask: window must be at least 1, "
+                         f"got {window}")
+    causal = causal_mask(n, m, device)                 # j <= i + (m - n)
+    # j <= i + (m - n) - window: older than the window
+    too_old = causal.tril(m - n - window)
+    return causal & ~too_old

@@ -12,12 +12,19 @@ fold into w_q and w_k, within each head: into their columns in the book's (in, o
 the rows of the (out, in) ``nn.Linear`` weights that checkpoints store. llmcore uses the
 half-split pairing, so its numbers equal HF's.
 
+Llama 3.1 and 3.2 stretch the slow pairs for a longer context (``rope_scaling`` of type "llama3",
+:class:`RopeScaling`): a pair whose wavelength 2 pi / theta_i is short against the context of
+pretraining keeps theta_i, a long one is slowed by ``factor``, and the ones between blend the two.
+
 Three rungs, one contract: :func:`rope_loop` (one pair at a time), :func:`rope_matrix` (a
 block-diagonal rotation, up to that permutation, applied as x @ R^T) and :func:`apply_rope` (two
 elementwise products with cos/sin tables: what the model uses). Chapter 11.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,14 +44,55 @@ def _check_d_head(d_head: int) -> None:
 
 
 def rope_frequencies(d_head: int, base: float = ROPE_BASE, *, device=None,
-                     dtype: torch.dtype = torch.float32) -> Tensor:
+                     dtype: torch.dtype = torch.float32,
+                     scaling: RopeScaling | None = None) -> Tensor:
     """theta_i = base^(-2i / d_head) for i = 0 .. d_head/2 - 1: radians per position of pair i.
 
-    -> (d_head / 2,). Computed as 1 / base^(2i / d_head), as Hugging Face does. Chapter 11.
+    -> (d_head / 2,). Computed as 1 / base^(2i / d_head), as Hugging Face does; then scaled by
+    ``scaling`` (Llama 3.1's rule, :func:`scale_frequencies`) when given. Chapter 11.
     """
     _check_d_head(d_head)
     exponents = torch.arange(0, d_head, 2, device=device, dtype=dtype) / d_head   # 2i / d_head
-    return 1.0 / (base ** exponents)
+    theta = 1.0 / (base ** exponents)
+    return theta if scaling is None else scale_frequencies(theta, scaling)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's frequency-dependent RoPE scaling (``rope_type`` "llama3"), as released:
+    factor 8 (3.1) or 32 (3.2), low_freq_factor 1, high_freq_factor 4, original context 8192.
+
+    With lambda_i = 2 pi / theta_i the wavelength of pair i and L the original context:
+    lambda_i < L / high_freq_factor: theta_i kept; lambda_i > L / low_freq_factor: theta_i /
+    factor; between: (1 - s) theta_i / factor + s theta_i with s = (L / lambda_i - low) /
+    (high - low). Chapter 11."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_context: int
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and 0 < self.low_freq_factor < self.high_freq_factor
+                and self.original_context > 0):
+            raise ValueError(f"RopeScaling: expected factor > 0, 0 < low_freq_factor < "
+                             f"high_freq_factor and original_context > 0, got {self}")
+
+
+def scale_frequencies(theta: Tensor, scaling: RopeScaling) -> Tensor:
+    """theta: (d_head / 2,) -> theta scaled by Llama 3.1's three-part rule
+    (:class:`RopeScaling`): fast pairs kept, slow ones divided by factor,
+    a blend between. Chapter 11."""
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    context = scaling.original_context                    # L_0
+    wavelength = 2 * math.pi / theta                      # per turn
+    slow = theta / scaling.factor
+    s = (context / wavelength - low) / (high - low)       # 0 at L_0/low
+    blend = (1 - s) * slow + s * theta                    # 1 at L_0/high
+    out = torch.where(wavelength > context / low, slow, theta)
+    between = ((wavelength >= context / high)
+               & (wavelength <= context / low))
+    return torch.where(between, blend, out)
 
 
 def _check_positions(x: Tensor, positions: Tensor) -> None:
@@ -133,12 +181,14 @@ def rope_matrix(position: int, d_head: int, base: float = ROPE_BASE, *,
 
 
 def rope_tables(positions: Tensor, d_head: int, base: float = ROPE_BASE, *,
-                dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+                dtype: torch.dtype = torch.float32,
+                scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
     """cos and sin of every angle, each repeated for both halves of the features.
 
     positions: (n,) or (b, n) ints -> cos, sin: positions.shape + (d_head,). Chapter 11.
     """
-    theta = rope_frequencies(d_head, base, device=positions.device, dtype=dtype)
+    theta = rope_frequencies(d_head, base, device=positions.device, dtype=dtype,
+                             scaling=scaling)
     angles = positions.to(dtype)[..., None] * theta                         # (..., n, d_head/2)
     angles = torch.cat([angles, angles], dim=-1)                            # (..., n, d_head)
     return torch.cos(angles), torch.sin(angles)
@@ -154,18 +204,20 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, positions: Tensor,
-               base: float = ROPE_BASE) -> Tensor:
+               base: float = ROPE_BASE, *,
+               scaling: RopeScaling | None = None) -> Tensor:
     """RoPE with no loop and no matrix: x * cos + rotate_half(x) * sin,
     elementwise.
 
     x: (..., n, d_head)   positions: (n,) or (b, n) ints (b = x.shape[0])
     -> (..., n, d_head). Costs 2 d_head multiplies and d_head additions per
     row (the cos/sin tables aside) instead of the matrix form's d_head^2
-    multiplies. Chapter 11.
+    multiplies. scaling: Llama 3.1's frequencies (:class:`RopeScaling`).
+    Chapter 11.
     """
     _check_positions(x, positions)
     cos, sin = rope_tables(positions, x.shape[-1], base,
-                           dtype=_table_dtype(x))
+                           dtype=_table_dtype(x), scaling=scaling)
     if positions.ndim == 2:  # (b, n, d_head): skip the axes between b and n
         shape = (positions.shape[0],) + (1,) * (x.ndim - 3) + cos.shape[1:]
         cos, sin = cos.view(shape), sin.view(shape)
