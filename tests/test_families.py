@@ -32,6 +32,17 @@ LLAMA_3_2_1B = {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0", "use_cache": True, "vocab_size": 128256}
 QWEN2_5_0_5B = {
     "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
@@ -69,7 +80,7 @@ SMOLLM2_135M = {
     "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
     "use_cache": True, "vocab_size": 49152}
 
-RELEASED = {"Llama 3.2 1B": LLAMA_3_2_1B, "Qwen2.5 0.5B": QWEN2_5_0_5B,
+RELEASED = {"Llama 3.1 8B": LLAMA_3_1_8B, "Llama 3.2 1B": LLAMA_3_2_1B, "Qwen2.5 0.5B": QWEN2_5_0_5B,
             "Qwen3 0.6B": QWEN3_0_6B, "Mistral 7B v0.1": MISTRAL_7B_V0_1,
             "SmolLM2 135M": SMOLLM2_135M}
 CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
@@ -172,16 +183,19 @@ def test_each_family_reads_its_diff():
                                rope_base=100000.0, tie_embeddings=True)
 
 
-def test_llama3_frequencies_equal_hugging_face_and_keep_the_fast_pairs():
+@pytest.mark.parametrize("fields", [LLAMA_3_1_8B, LLAMA_3_2_1B], ids=["3.1 8B", "3.2 1B"])
+def test_llama3_frequencies_equal_hugging_face_and_keep_the_fast_pairs(fields):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    config = transformers.LlamaConfig.from_dict(LLAMA_3_2_1B)
+    config = transformers.LlamaConfig.from_dict(fields)
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    ours = config_from_hf(LLAMA_3_2_1B)
-    got = rope_frequencies(64, ours.rope_base, scaling=ours.rope_scaling)
+    ours = config_from_hf(fields)
+    factor = fields["rope_scaling"]["factor"]
+    assert ours.rope_scaling == RopeScaling(factor, 1.0, 4.0, 8192)
+    got = rope_frequencies(ours.d_head, ours.rope_base, scaling=ours.rope_scaling)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
-    plain = rope_frequencies(64, ours.rope_base)
+    plain = rope_frequencies(ours.d_head, ours.rope_base)
     assert torch.equal(got[:8], plain[:8])                               # fast pairs kept
-    torch.testing.assert_close(got[-4:], plain[-4:] / 32.0)               # slow ones / factor
+    torch.testing.assert_close(got[-4:], plain[-4:] / factor)             # slow ones / factor
 
 
 # -- each family equals transformers on random weights of its released config -----------------
