@@ -141,20 +141,50 @@ def gpt_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int | None = 
     return x @ p["token_embedding"].T
 
 
-def apply_rope(x, positions, base: float = 10000.0) -> np.ndarray:
-    """Rotary embeddings, half-split pairs (i, i + d_head/2) turned by position * base^(-2i/d_head).
+def scale_frequencies(theta, scaling) -> np.ndarray:
+    """Llama 3.1's RoPE scaling, one pair at a time: theta (half,) -> (half,). scaling: anything
+    with factor, low_freq_factor, high_freq_factor and original_context (a
+    :class:`llmcore.rope.RopeScaling`)."""
+    (theta,) = _f64(theta)
+    context, factor = scaling.original_context, scaling.factor
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    out = np.empty_like(theta)
+    for i, t in enumerate(theta):
+        wavelength = 2 * math.pi / t
+        if wavelength < context / high:
+            out[i] = t                                          # fast: kept
+        elif wavelength > context / low:
+            out[i] = t / factor                                 # slow: divided
+        else:
+            s = (context / wavelength - low) / (high - low)
+            out[i] = (1 - s) * t / factor + s * t               # between: blended
+    return out
+
+
+def apply_rope(x, positions, base: float = 10000.0, *, scaling=None) -> np.ndarray:
+    """Rotary embeddings, half-split pairs (i, i + d_head/2) turned by position * base^(-2i/d_head)
+    (scaled by :func:`scale_frequencies` when ``scaling`` is given).
 
     x: (..., n, d_head)   positions: (n,) or (b, n) ints   ->   (..., n, d_head)."""
     (x,) = _f64(x)
     positions = np.asarray(positions)
     half = x.shape[-1] // 2
     theta = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+    if scaling is not None:
+        theta = scale_frequencies(theta, scaling)
     angles = positions[..., None].astype(np.float64) * theta              # (..., n, half)
     if positions.ndim == 2:
         angles = angles.reshape(positions.shape[0], *(1,) * (x.ndim - 3), *angles.shape[1:])
     a, b = x[..., :half], x[..., half:]
     cos, sin = np.cos(angles), np.sin(angles)
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def sliding_window_mask(n: int, m: int, window: int) -> np.ndarray:
+    """(n, m) bool: query i (key slot i + m - n) sees key j when 0 <= i + m - n - j < window."""
+    i = np.arange(n)[:, None] + (m - n)
+    j = np.arange(m)[None, :]
+    return (j <= i) & (i - j < window)
 
 
 def rms_norm(x, weight, eps: float = 1e-6) -> np.ndarray:
@@ -175,27 +205,37 @@ def swiglu(x, w_gate, w_up, w_down) -> np.ndarray:
 
 
 def llama_forward(params: dict, tokens, *, n_heads: int, n_kv_heads: int, eps: float = 1e-6,
-                  base: float = 10000.0) -> np.ndarray:
-    """The whole Llama on one batch, from a ``state_dict`` of :class:`llmcore.llama.Llama`.
+                  base: float = 10000.0, scaling=None, window: int | None = None) -> np.ndarray:
+    """The whole Llama on one batch, from a ``state_dict`` of :class:`llmcore.llama.Llama`, with
+    the families' diffs: q/k/v biases and q/k norms when ``params`` holds them (Qwen2, Qwen3),
+    RoPE ``scaling`` (Llama 3.1), a sliding ``window`` (Mistral).
 
     params: name -> array (torch tensors are converted); tokens: (b, n) ints -> logits (b, n, v).
     """
     p = {name: np.asarray(value.detach().cpu().double() if hasattr(value, "detach") else value,
                           dtype=np.float64) for name, value in params.items()}
     tokens = np.asarray(tokens)
-    positions = np.arange(tokens.shape[-1])
+    n = tokens.shape[-1]
+    positions = np.arange(n)
+    mask = None if window is None else sliding_window_mask(n, n, window)
     x = p["token_embedding"][tokens]
     layer = 0
     while f"blocks.{layer}.attn_norm.weight" in p:
-        pre = f"blocks.{layer}."
-        h = rms_norm(x, p[pre + "attn_norm.weight"], eps)
-        q = apply_rope(split_heads(linear(h, p[pre + "attention.w_q"]), n_heads), positions, base)
-        k = apply_rope(split_heads(linear(h, p[pre + "attention.w_k"]), n_kv_heads), positions,
-                       base)
-        v = split_heads(linear(h, p[pre + "attention.w_v"]), n_kv_heads)
-        x = x + linear(merge_heads(attention(q, k, v, causal=True)), p[pre + "attention.w_o"])
-        h = rms_norm(x, p[pre + "ffn_norm.weight"], eps)
-        x = x + swiglu(h, p[pre + "ffn.w_gate"], p[pre + "ffn.w_up"], p[pre + "ffn.w_down"])
+        pre = f"blocks.{layer}.attention."
+        h = rms_norm(x, p[f"blocks.{layer}.attn_norm.weight"], eps)
+        q, k, v = (linear(h, p[pre + "w_" + name], p.get(pre + "b_" + name))
+                   for name in "qkv")
+        q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+        if pre + "q_norm.weight" in p:                          # each head's q and k
+            q = rms_norm(q, p[pre + "q_norm.weight"], eps)
+            k = rms_norm(k, p[pre + "k_norm.weight"], eps)
+        q = apply_rope(q, positions, base, scaling=scaling)
+        k = apply_rope(k, positions, base, scaling=scaling)
+        out = attention(q, k, v, causal=True, mask=mask)
+        x = x + linear(merge_heads(out), p[pre + "w_o"])
+        h = rms_norm(x, p[f"blocks.{layer}.ffn_norm.weight"], eps)
+        ffn = f"blocks.{layer}.ffn."
+        x = x + swiglu(h, p[ffn + "w_gate"], p[ffn + "w_up"], p[ffn + "w_down"])
         layer += 1
     return rms_norm(x, p["norm_f.weight"], eps) @ p["lm_head"]
 

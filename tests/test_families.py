@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmcore import reference
 from llmcore.fastpath import fast_model
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache, RollingKVCache
-from llmcore.llama import (IGNORED_FIELDS, READ_FIELDS, REQUIRED_FIELDS, LlamaConfig,
+from llmcore.llama import (IGNORED_FIELDS, READ_FIELDS, REQUIRED_FIELDS, Llama, LlamaConfig,
                            config_from_hf, from_hf, load_hf_llama, load_llama)
 from llmcore.masks import causal_mask, sliding_window_mask
 from llmcore.paged import PagedKVCache
@@ -183,6 +184,38 @@ def test_each_family_reads_its_diff():
                                rope_base=100000.0, tie_embeddings=True)
 
 
+TINY = dict(vocab_size=97, max_seq_len=48, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
+            d_ff=160)
+
+
+@pytest.mark.parametrize("diff", [
+    {}, {"rope_scaling": RopeScaling(8.0, 1.0, 4.0, 16), "rope_base": 500000.0},
+    {"qkv_bias": True, "rope_base": 1e6}, {"qk_norm": True, "head_dim": 32},
+    {"sliding_window": 5}, {"tie_embeddings": True}], ids=lambda d: ",".join(d) or "llama")
+def test_float64_logits_of_each_diff_equal_the_numpy_reference(diff):
+    config = LlamaConfig(**TINY, **diff)
+    model = Llama(config, dtype=torch.float64, seed=5).eval()
+    with torch.no_grad():                           # larger weights (and biases): a wrong piece
+        for p in model.parameters():                # shows clearly
+            p.add_(torch.randn_like(p) * 0.2) if p.ndim == 1 else p.mul_(5.0)
+        ids = tokens(n=14) % 97
+        got = model(ids)
+    want = reference.llama_forward(model.state_dict(), ids.numpy(), n_heads=4, n_kv_heads=2,
+                                   eps=config.rms_eps, base=config.rope_base,
+                                   scaling=config.rope_scaling, window=config.sliding_window)
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-9, atol=1e-9)
+
+
+def test_reference_rope_scaling_equals_the_tensor_form():
+    scaling = RopeScaling(32.0, 1.0, 4.0, 8192)
+    theta = rope_frequencies(64, 500000.0, dtype=torch.float64)
+    torch.testing.assert_close(torch.from_numpy(reference.scale_frequencies(theta.numpy(),
+                                                                            scaling)),
+                               rope_frequencies(64, 500000.0, dtype=torch.float64,
+                                                scaling=scaling), rtol=1e-12, atol=0)
+    assert (reference.sliding_window_mask(5, 9, 3) == sliding_window_mask(5, 9, 3).numpy()).all()
+
+
 @pytest.mark.parametrize("fields", [LLAMA_3_1_8B, LLAMA_3_2_1B], ids=["3.1 8B", "3.2 1B"])
 def test_llama3_frequencies_equal_hugging_face_and_keep_the_fast_pairs(fields):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -328,7 +361,6 @@ def test_a_cache_that_cannot_band_is_refused_past_the_window():
     ("Qwen3 0.6B", shrunk(QWEN3_0_6B, 1), "qk_norm"),
     ("Mistral", SLIDING, "sliding_window")])
 def test_fast_path_refuses_family_features_it_does_not_implement(name, fields, feature):
-    from llmcore.llama import Llama
     model = Llama(config_from_hf(fields), device="meta")
     with pytest.raises(NotImplementedError, match=feature):
         fast_model(model)
