@@ -10,7 +10,8 @@
   every aten op a computation reaches; it re-exports the policies a test may set.
 - :mod:`llmcheck.cases`: :class:`~llmcheck.cases.Test`, one test cell's cases, each run under the
   recorder and published as a record; :mod:`llmcheck.fresh`, the twin on fresh inputs;
-  :mod:`llmcheck.integrity`, the harness's state the grader asks for.
+  :mod:`llmcheck.integrity`, the harness's state the grader asks for; :mod:`llmcheck.scope`, a
+  test cell's own copy of the learner's namespace.
 
 ``llmcore`` never imports this package, and no chapter uses it: it exists for the exercises. This
 module imports nothing, so importing ``llmcheck.record`` does not import torch; importing the

@@ -2,8 +2,11 @@
 limits, without nbgrader, so that the learner's check runs in the learner's install (no nbgrader
 there). Each kernel runs in the course's sandbox
 (:class:`course.grading.sandbox.SandboxedKernelManager`) with preloaded modules, each cell keeps
-at most an output cap, each graded test cell gets its secret token just before it runs, and the
-harness's state is asked for just after (course/grading/integrity.py).
+at most an output cap, each graded test cell gets its secret token just before it runs and runs
+in its own copy of the learner's namespace (llmcheck/scope.py: what it imports or assigns never
+replaces a learner's name), and the harness's state is asked for just after
+(course/grading/integrity.py). The executor's own code binds no name in the kernel
+(:data:`HARNESS`).
 
 Its one address is ``course.grading.executor.BoundedExecute``: ``nbgrader_config.py`` names it
 there (so plain ``nbgrader autograde`` uses it), and the learner's check, the solution's run
@@ -27,6 +30,20 @@ from .cells import execute_class, is_test
 from .integrity import HARNESS_CHANGES, HARNESS_METADATA
 from .sandbox import SandboxedKernelManager
 from .secret import cell_token, run_secret
+
+
+HARNESS = "(lambda: 0).__builtins__['__import__']"
+"""How the executor's code reaches a harness module in the kernel without a name: a lambda's
+builtins are the kernel's own (a learner's global ``__import__`` cannot stand in), and the module
+comes back as a value, so nothing is bound in, or deleted from, the learner's namespace (a
+learner's helper may be called ``_fresh``, ``_preloaded``, ``llmcheck``...)."""
+
+
+def harness_call(module: str, function: str, *args) -> str:
+    """Kernel code calling ``module.function(*args)`` (arguments as Python literals) that binds
+    no name in the learner's namespace (:data:`HARNESS`)."""
+    arguments = ", ".join(repr(a) for a in args)
+    return f"{HARNESS}({module!r}, fromlist=[{function!r}]).{function}({arguments})\n"
 
 
 def output_size(out) -> int:
@@ -67,10 +84,10 @@ class BoundedExecute(execute_class()):
     def _kernel_code(self) -> str:
         code = ""
         for name in self.preload:
-            code += f"import {name} as _preloaded\ndel _preloaded\n"
+            code += f"{HARNESS}({name!r})\n"
         # always, after the preloads and before any cell: the harness's state at start,
         # which the grader compares with after every test cell (llmcheck/integrity.py)
-        code += "import llmcheck.integrity as _preloaded\ndel _preloaded\n"
+        code += f"{HARNESS}('llmcheck.integrity')\n"
         return code
 
     async def async_start_new_kernel(self, **kwargs):
@@ -94,16 +111,14 @@ class BoundedExecute(execute_class()):
         if not is_test(cell):
             return super().preprocess_cell(cell, resources, index)
         secret = self._secret()
-        if secret:
-            token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", ""))
-            self._tell_kernel(f"import llmcheck.fresh as _fresh\n_fresh.receive({token!r})\n"
-                              "del _fresh")
+        token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", "")) if secret else None
+        self._tell_kernel(harness_call("llmcheck.scope", "enter")
+                          + (harness_call("llmcheck.fresh", "receive", token) if secret else ""))
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         finally:
-            if secret:
-                self._tell_kernel("import llmcheck.fresh as _fresh\n_fresh.receive(None)\n"
-                                  "del _fresh")
+            self._tell_kernel((harness_call("llmcheck.fresh", "receive", None) if secret else "")
+                              + harness_call("llmcheck.scope", "leave"))
         changes = self._tell_kernel("", ask=HARNESS_CHANGES)
         if changes:
             cell.metadata[HARNESS_METADATA] = changes

@@ -12,5 +12,8 @@ from __future__ import annotations
 HARNESS_METADATA = "harness_changes"
 """Test-cell metadata the executor writes: what of the harness changed while the cell ran
 (llmcheck/integrity.py), evidence for review."""
-HARNESS_CHANGES = "__import__('llmcheck.integrity', fromlist=['changes']).changes()"
-"""The expression the executor evaluates in the kernel after a test cell: a list of changes."""
+HARNESS_CHANGES = ("(lambda: 0).__builtins__['__import__']('llmcheck.integrity', "
+                   "fromlist=['changes']).changes()")
+"""The expression the executor evaluates in the kernel after a test cell: a list of changes. It
+names nothing of the learner's (a learner's global ``__import__`` cannot stand in for the
+builtin: see course/grading/executor.py, ``HARNESS``)."""

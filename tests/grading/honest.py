@@ -244,6 +244,150 @@ def project(x, w, b=None):
 ''')}),
 ]
 
+RESERVED_NAME_VARIANTS = [
+    honest(
+        "h01_helper_named_fresh", MATMUL,
+        "a helper named _fresh (a new zero accumulator or result) that dot and matmul call while "
+        "the tests run: the grader's executor once bound and deleted a name _fresh around every "
+        "test cell (issue 31, item 4); it binds no name in the learner's namespace now",
+        {"dot": Source(r'''
+def _fresh(*shape, like):
+    """A new tensor of zeros with like's dtype and device (the learner's own helper)."""
+    return torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+
+def dot(a, b):
+    total = _fresh(like=a)
+    for i in range(a.shape[0]):
+        total = total + a[i] * b[i]
+    return total
+'''),
+         "matmul": Source(r'''
+def matmul(a, b):
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    out = _fresh(a.shape[0], b.shape[1], like=a)
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            out[i, j] = dot(a[i], b[:, j])
+    return out
+''')}),
+    honest(
+        "h01_helper_named_token", MATMUL,
+        "a helper named _token (it spells a shape for a message) that matmul's error calls, and a "
+        "module-level _token_count that dot updates: names that look like the grader's secret",
+        {"dot": Source(r'''
+_token_count = {"dot": 0}
+
+
+def _token(shape):
+    """A shape as the learner likes to print it: (2, 3)."""
+    return "(" + ", ".join(str(size) for size in shape) + ")"
+
+
+def dot(a, b):
+    _token_count["dot"] += 1
+    total = torch.zeros((), dtype=a.dtype, device=a.device)
+    for i in range(a.shape[0]):
+        total = total + a[i] * b[i]
+    return total
+'''),
+         "matmul": Source(r'''
+def matmul(a, b):
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {_token(a.shape)} and b is {_token(b.shape)}; the "
+                         "inner sizes differ")
+    out = a.new_empty(a.shape[0], b.shape[1])
+    for j, column in enumerate(b.unbind(1)):          # column by column
+        out[:, j] = torch.stack([dot(row, column) for row in a.unbind(0)])
+    return out
+''')}),
+    honest(
+        "h01_class_named_test", MATMUL,
+        "the learner's own class named Test (a shape check) that matmul builds on every call, "
+        "while the test cells import llmcheck's Test: each test cell runs in its own copy of the "
+        "learner's namespace, so the learner's functions keep their own Test",
+        {"matmul": Source(r'''
+class Test:
+    """The learner's own check that two matrices can be multiplied."""
+
+    def __init__(self, a, b):
+        self.ok = a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0]
+        self.message = f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}"
+
+    def sizes(self, a, b):
+        if not self.ok:
+            raise ValueError(self.message)
+        return a.shape[0], a.shape[1], b.shape[1]
+
+
+def matmul(a, b):
+    n, k, m = Test(a, b).sizes(a, b)
+    out = torch.zeros(n, m, dtype=a.dtype, device=a.device)
+    for i in range(n):
+        for j in range(m):
+            out[i, j] = dot(a[i], b[:, j])
+    return out
+''')}),
+    honest(
+        "h01_variable_named_llmcheck", MATMUL,
+        "a dict named llmcheck (the learner counts calls in it) that every function updates: "
+        "the test cells import from llmcheck's modules by the import system, never through the "
+        "learner's global of that name",
+        {"dot": Source(r'''
+llmcheck = {"dot": 0, "matmul": 0, "project": 0}     # the learner's own call counts
+
+
+def dot(a, b):
+    llmcheck["dot"] += 1
+    total, i = a.new_zeros(()), 0
+    while i < len(a):
+        total += a[i] * b[i]
+        i += 1
+    return total
+'''),
+         "matmul": Source(r'''
+def matmul(a, b):
+    llmcheck["matmul"] += 1
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    rows = [torch.stack([dot(row, column) for column in b.T]) for row in a]
+    return torch.stack(rows)
+'''),
+         "project": Source(r'''
+def project(x, w, b=None):
+    llmcheck["project"] += 1
+    q = x @ w
+    return q if b is None else q + b
+''')}),
+    honest(
+        "h01_helper_named_check", MATMUL,
+        "a helper named check (the shapes of a product, or a ValueError) that matmul and project "
+        "call, the name of the course's own check command",
+        {"matmul": Source(r'''
+def check(a, b):
+    """(n, k, m) of a product a @ b, or a ValueError that shows both shapes."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}")
+    return a.shape[0], a.shape[1], b.shape[1]
+
+
+def matmul(a, b):
+    n, _, m = check(a, b)
+    out = []
+    for i in range(n):
+        out.append([dot(a[i], b[:, j]) for j in range(m)])
+    return torch.stack([torch.stack(row) for row in out])
+'''),
+         "project": Source(r'''
+def project(x, w, b=None):
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(f"project: x is {tuple(x.shape)} and w is {tuple(w.shape)}")
+    q = x @ w
+    return q if b is None else q + b
+''')}),
+]
+
 
 # ------------------------------------------------------------------------------------------------
 # Exercise 2: softmax_rows, causal_mask, attention
@@ -2574,7 +2718,8 @@ def lora_backward(x, a, b, d_out, alpha):
 ]
 
 
-HONEST_VARIANTS = (MATMUL_VARIANTS + ATTENTION_VARIANTS + MULTIHEAD_VARIANTS + KV_CACHE_VARIANTS
+HONEST_VARIANTS = (MATMUL_VARIANTS + RESERVED_NAME_VARIANTS + ATTENTION_VARIANTS
+                   + MULTIHEAD_VARIANTS + KV_CACHE_VARIANTS
                    + BATCHING_VARIANTS + PAGED_VARIANTS + TILED_VARIANTS + BACKWARD_VARIANTS
                    + SAMPLING_VARIANTS + QUANT_VARIANTS + LORA_VARIANTS)
 """Every honest submission, each of which must score its assignment's full marks."""
