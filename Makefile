@@ -31,16 +31,22 @@ help:
 new_venv = $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10 or newer is needed, found " + sys.version.split()[0]' \
 	&& { test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); }
 
+# $(call has_profile,PROFILE): .venv already holds PROFILE (this checkout's llmcore and every
+# requirement of the extra, at pinned versions: course/installed.py). An environment installed by
+# hand (the README's pip lines, which write no stamp) is then stamped, not installed again.
+has_profile = test -x $(BIN)/python && (cd $(CURDIR) && $(BIN)/python -m course.installed $(1) 2>/dev/null)
+
 # The full install (every extra: dev includes instructor, which includes learner).
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@$(new_venv)
-	$(PIP) -c requirements/constraints.txt -e ".[dev]"
+	@if $(call has_profile,dev); then echo "the dev profile is installed in $(VENV) already"; else \
+	  $(new_venv) && $(PIP) -c requirements/constraints.txt -e ".[dev]"; fi
 	@touch $(STAMP)
 
-# One audience's install (learner or instructor). An environment that has the full install has
-# every profile already, so it is only stamped, never installed into again.
+# One audience's install (learner or instructor). An environment that has the full install, or
+# the profile installed by hand, has it already, so it is only stamped, never installed again.
 $(VENV)/.installed-%: pyproject.toml requirements/constraints.txt
-	@if [ -f $(STAMP) ]; then touch $@; else \
+	@if [ -f $(STAMP) ]; then touch $@; \
+	elif $(call has_profile,$*); then echo "the $* profile is installed in $(VENV) already"; touch $@; else \
 	  $(new_venv) && \
 	  $(if $(and $(filter learner,$*),$(TORCH_INDEX)),$(PIP) --no-compile torch==$(TORCH_VERSION) --index-url $(TORCH_INDEX) && ) \
 	  $(PIP) $(if $(filter learner,$*),--no-compile) -c requirements/constraints.txt -e ".[$*]" && \
@@ -84,18 +90,22 @@ test-fast: $(STAMP)
 
 # The environment every JupyterHub user's server runs in (deploy/README.md, tests/test_hub.py):
 # the hub profile of the course's learner edition (written to $(HUB_ENV)/course: no solutions, no
-# hidden tests), from a Python every user can run, with JupyterHub's proxy from npm. A change to
-# the course's code writes the edition again (seconds; the packages are reinstalled only when the
-# pins change). Where it cannot be built (no npm, no such Python) the hub test is skipped with the
-# reason.
+# hidden tests), from a Python every user can run, with JupyterHub's proxy from npm. It needs no
+# install of the course in .venv: course.hub runs on a bare Python 3.10+. torch comes from the
+# same index as make learner's (PyTorch's CPU wheels on Linux; `make hub HUB_TORCH_INDEX=` takes
+# the plain pin, the CUDA build). A change to the course's code writes the edition again
+# (seconds; the packages are reinstalled only when the pins change). Without npm it is not built
+# and the hub test is skipped with the reason; any other failure fails the target.
 HUB_ENV := $(VENV)/hub
+HUB_TORCH_INDEX ?= $(TORCH_INDEX)
+NPM ?= npm
 HUB_SOURCES := $(shell find llmcore llmcheck course deploy exercises -type f -not -path '*/__pycache__/*' 2>/dev/null) nbgrader_config.py
 hub: $(HUB_ENV)/.installed
-$(HUB_ENV)/.installed: pyproject.toml requirements/constraints.txt requirements/npm.txt $(HUB_SOURCES) | $(STAMP)
-	@if command -v npm >/dev/null 2>&1; then \
-	  $(BIN)/python -m course.hub env $(HUB_ENV) $(if $(HUB_TORCH_INDEX),--torch-index $(HUB_TORCH_INDEX)) \
-	    && touch $@ \
-	    || echo "warning: the hub environment could not be built; the hub test will be skipped"; \
+$(HUB_ENV)/.installed: pyproject.toml requirements/constraints.txt requirements/npm.txt $(HUB_SOURCES)
+	@if command -v $(NPM) >/dev/null 2>&1; then \
+	  $(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python 3.10 or newer is needed, found " + sys.version.split()[0]' && \
+	  $(PYTHON) -m course.hub env $(HUB_ENV) $(if $(HUB_TORCH_INDEX),--torch-index $(HUB_TORCH_INDEX)) && \
+	  touch $@; \
 	else echo "note: npm is not installed; the hub test will be skipped"; fi
 
 # $(call apt_install,COMMAND,PACKAGE,WHAT HAPPENS WITHOUT IT): install a Debian package when its
@@ -139,7 +149,7 @@ exercises: $(VENV)/.installed-instructor
 
 # Learner: check one notebook against its visible tests, e.g. make check NB=exercises/01_matmul/matmul.ipynb
 check: $(VENV)/.installed-learner
-	$(BIN)/python -m course.grading check $(NB)
+	$(BIN)/course-check $(NB)
 
 # Instructor: grade every submission in submitted/<student>/<assignment>/ (each notebook in the
 # sandbox, in parallel), write feedback and course_grades.csv. Pass options with ARGS="--force ...".

@@ -169,3 +169,83 @@ def test_the_course_mutants_of_exercise_1_through_the_command(tmp_path):
         line = lines[sub.student]
         assert float(line.split()[1]) == sub.score, (sub.student, line)
         assert f"caught by {', '.join(sorted(sub.failing))}" in line, (sub.student, line)
+
+
+AUTHORING = ROOT / "course" / "grading" / "AUTHORING.md"
+
+
+def authoring_commands() -> list[str]:
+    """Every command AUTHORING.md gives, as written: the lines of its ```bash blocks (comments
+    dropped) and its inline code that starts with the environment's `.venv/bin/`."""
+    import re
+    text = AUTHORING.read_text()
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        found += [line.split("  #")[0].strip() for line in block.splitlines()
+                  if line.strip() and not line.strip().startswith("#")]
+    found += re.findall(r"`(\.venv/bin/[^`]+)`", text.replace("\n   ", " "))
+    return found
+
+
+def test_authoring_names_only_commands_that_run_in_the_course_environment():
+    commands = authoring_commands()
+    assert len(commands) >= 6, commands
+    for command in commands:
+        assert command.startswith(".venv/bin/"), \
+            f"{command!r}: a bare python or course-check may not be the course's environment"
+        program = command.split()[0]
+        assert (ROOT / program).exists(), f"{command!r}: no {program} here"
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_authoring_commands_run_as_written(tmp_path):
+    """AUTHORING.md, section by section, in a scratch course whose .venv is this one's: scaffold,
+    release, course-check on the solution (passes, hidden tests included) and on the release
+    (fails every visible test), mutation-check with the page's own mutant, grade."""
+    import re
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy2(ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    (course / ".venv").symlink_to(ROOT / ".venv")
+    mutant = re.search(r"```python\n(   # Multiplies.*?)```", AUTHORING.read_text(), re.S)
+    (course / "mutants").mkdir()
+    (course / "mutants" / "forgets_the_sum.py").write_text(
+        "\n".join(line[3:] for line in mutant.group(1).splitlines()) + "\n")
+    places = {"<assignment>": "12_row_dots", "<notebook>": "row_dots", "<folder>": "mutants"}
+    ran = {}
+    for command in authoring_commands():
+        for placeholder, value in places.items():
+            command = command.replace(placeholder, value)
+        if command.endswith(" grade"):              # a class of one: the release, unanswered
+            submitted = course / "submitted" / "alice" / "12_row_dots"
+            submitted.mkdir(parents=True)
+            shutil.copy2(course / "exercises" / "12_row_dots" / "row_dots.ipynb", submitted)
+        done = subprocess.run(command, shell=True, cwd=course, capture_output=True, text=True,
+                              timeout=1200)
+        ran[command] = done
+        print(f"$ {command}\n{done.stdout}{done.stderr}")
+        assert "No module named" not in done.stderr, command
+        assert "KeyboardInterrupt" not in done.stdout + done.stderr, command
+
+    def result(start: str) -> subprocess.CompletedProcess:
+        return next(done for command, done in ran.items() if command.startswith(start))
+
+    assert result(".venv/bin/python -m course.grading scaffold").returncode == 0
+    assert result(".venv/bin/python -m course.grading release").returncode == 0
+    solution = result(".venv/bin/course-check solutions/")
+    assert solution.returncode == 0, solution.stdout
+    assert "ALTERED" not in solution.stdout and "hidden tests" in solution.stdout
+    assert "All tests pass, hidden ones included." in solution.stdout
+    release = result(".venv/bin/course-check exercises/")
+    assert release.returncode == 1 and "PASS" not in release.stdout
+    assert "FAIL    test_row_dots" in release.stdout
+    checked = result(".venv/bin/python -m course.grading mutation-check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "1 of 1 mutant(s) caught" in checked.stdout
+    assert checked.stdout.startswith("mutation-check: grading the solution of 12_row_dots")
+    assert "grading: 2 of 2 notebooks" in checked.stderr, "progress, a line off a terminal"
+    graded = result(".venv/bin/python -m course.grading grade")
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    assert re.search(r"12_row_dots\s+alice\s+0 / 5", graded.stdout), graded.stdout
+    assert "grading: 1 of 1 notebooks" in graded.stderr

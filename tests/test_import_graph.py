@@ -176,18 +176,20 @@ COURSE_LAYERS = {
     "book tools": ["topics_corpus", "figures", "sphinx_course", "site", "launch", "ship", "lab"],
     "grading parts": ["grading.cells", "grading.secret", "grading.integrity", "grading.review",
                       "grading.sandbox", "grading.exchange", "grading.edition", "grading.hidden",
-                      "grading.feedback"],
-    "running and judging": ["grading.executor", "grading.verdicts", "grading.judging"],
+                      "grading.feedback", "grading.progress"],
+    "running and judging": ["grading.executor", "grading.verdicts", "grading.judging",
+                            "grading.profiling"],
     "nbgrader": ["grading.nbgrader_app", "grading.report"],
     "audiences": ["grading.check", "grading.release", "grading.worker", "grading.grade",
                   "grading.authoring"],
-    "commands": ["grading", "grading.cli", "grading.__main__", "hub", "bench"],
+    "commands": ["grading", "grading.cli", "grading.__main__", "hub", "bench", "installed"],
 }
 """Bottom to top: the book's own tools; the grader's parts that need no other (nbgrader's cell
 metadata, the run's secret, the sandbox, the integrity protocol, review evidence, feedback
-pages); a notebook run and judged; nbgrader's applications and the gradebook; one module per
-audience (the learner's check, release, one submission's worker, the class's grade, authoring);
-the commands, the hub and the benchmarks. ``course.figures`` and ``course.bench`` are units."""
+pages, the progress bar); a notebook run (and timed) and judged; nbgrader's applications and the
+gradebook; one module per audience (the learner's check, release, one submission's worker, the
+class's grade, authoring); the commands, the hub, the benchmarks and the install check.
+``course.figures`` and ``course.bench`` are units."""
 
 LLMCHECK_LAYERS = {
     "formats": ["record", "tree"],

@@ -191,7 +191,7 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
 
         with MemorySampler() as memory:
             result = grade(course, gradebook=course / "gradebook.db", workers=workers,
-                           log=progress)
+                           log=progress, progress=True)
         seconds = time.perf_counter() - start
         written = disk_bytes(course) - before
         pages = sorted((course / "feedback").rglob("*.html"))

@@ -220,11 +220,12 @@ SOLUTION_STUDENT = "solution"
 def mutation_check(course_dir: str | Path, assignment: str, mutants: dict[str, dict[str, str]],
                    *, timeout: int | None = None, workers: int | None = None,
                    unsandboxed_trusted: bool = False,
-                   log: Callable[[str], None] | None = None) -> MutationReport:
+                   log: Callable[[str], None] | None = None,
+                   progress: bool = False) -> MutationReport:
     """Grade the solution and each mutant (name -> its answer cells) of ``assignment`` of the
     course in ``course_dir``, in one run of the course's grader, in a scratch copy of the course
     (its gradebook and submissions are untouched). Returns each one's score and the test cells
-    that caught it."""
+    that caught it; ``progress``: a progress bar (course/grading/progress.py)."""
     import nbformat
 
     from .grade import grade
@@ -256,7 +257,7 @@ def mutation_check(course_dir: str | Path, assignment: str, mutants: dict[str, d
             folder.mkdir(parents=True)
             nbformat.write(nb, str(folder / notebooks[0].name))
         run = grade(scratch, timeout=timeout, workers=workers, feedback=False,
-                    unsandboxed_trusted=unsandboxed_trusted, log=log)
+                    unsandboxed_trusted=unsandboxed_trusted, log=log, progress=progress)
         caught = _failed_tests(scratch / "gradebook.db", assignment, [SOLUTION_STUDENT, *mutants])
     results = {row.student: MutantResult(row.student, row.score, row.max_score,
                                          tuple(caught.get(row.student, ())), row.status)

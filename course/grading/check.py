@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import cells
 from .nbgrader_app import last_error_line, prepare_environment, find_config
@@ -68,6 +69,7 @@ class CheckReport:
     edited_tests: tuple[str, ...]    # read-only cells changed or deleted (the released ones ran)
     release: Path | None = None      # the released notebook whose tests ran
     review: tuple[str, ...] = ()     # what the grader shows the instructor (costs no point)
+    solution: bool = False           # the instructor's own notebook (solutions/), hidden tests run
 
     @property
     def points(self) -> float:
@@ -107,24 +109,28 @@ def _error_text(cell) -> str:
     return ""
 
 
-def _released(path: Path) -> tuple[Path | None, Path | None]:
-    """(course config, released notebook) for a learner's notebook: the course that holds it, else
-    the working directory's; the release with the same assignment folder and name, else the one
-    with the same name."""
+def _released(path: Path) -> tuple[Path | None, Path | None, bool]:
+    """(course config, released notebook, is a solution) for a notebook: the course that holds
+    it, else the working directory's; the release with the same assignment folder and name, else
+    the one with the same name. A notebook in the course's source directory (``solutions/``) is
+    the instructor's own: it is checked as it is, hidden tests included, with no release."""
     for config_path in (find_config(path), find_config(Path.cwd())):
         if config_path is None:
             continue
         from traitlets.config.loader import PyFileConfigLoader
         loaded = PyFileConfigLoader(config_path.name, path=str(config_path.parent)).load_config()
-        release = config_path.parent / loaded.get("CourseDirectory", {}).get(
-            "release_directory", "release")
+        directories = loaded.get("CourseDirectory", {})
+        source = (config_path.parent / directories.get("source_directory", "source")).resolve()
+        if source in path.parents:
+            return config_path, None, True
+        release = config_path.parent / directories.get("release_directory", "release")
         same = release / path.parent.name / path.name
         if same.is_file():
-            return config_path, same
+            return config_path, same, False
         found = sorted(release.glob(f"*/{path.name}"))
         if len(found) == 1:
-            return config_path, found[0]
-    return None, None
+            return config_path, found[0], False
+    return None, None, False
 
 
 def _restore_tests(nb, released) -> list[str]:
@@ -171,14 +177,16 @@ def _config(config_path: Path | None, timeout: int | None):
     return config
 
 
-def _execute(nb, config, folder: str):
+def _execute(nb, config, folder: str, on_cell: Callable | None = None):
     """``nb`` executed in a fresh kernel by the grader's bounded executor (its sandbox, preloads
-    and output cap), from ``folder``, with nbgrader's validation environment."""
-    from .executor import BoundedExecute      # here: importing the check imports no nbconvert
+    and output cap; timed, course/grading/profiling.py), from ``folder``, with nbgrader's
+    validation environment; ``on_cell(index, cell)`` after each code cell."""
+    from .profiling import ProfiledExecute   # here: importing the check imports no nbconvert
     saved = {name: os.environ.get(name) for name in ("NBGRADER_VALIDATING", "NBGRADER_EXECUTION")}
     os.environ.update(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate")
     try:
-        executor = BoundedExecute(config=config)
+        executor = ProfiledExecute(config=config)
+        executor.on_cell = on_cell
         executed, _ = executor.preprocess(nb, {"metadata": {"path": folder}})
         return executed
     finally:
@@ -190,10 +198,13 @@ def _execute(nb, config, folder: str):
 
 
 def check(notebook: str | os.PathLike, *, timeout: int | None = None,
-          config_file: str | os.PathLike | None = None) -> CheckReport:
+          config_file: str | os.PathLike | None = None,
+          on_test: Callable[["CellResult"], None] | None = None) -> CheckReport:
     """Run a notebook in a fresh kernel (nbclient, with the grader's limits and sandbox) with the
     release's test cells, and report every test cell: pass or fail with its message, and the
-    points it is worth. Needs no nbgrader (course/grading/cells.py reads its metadata)."""
+    points it is worth; ``on_test`` gets each test cell's result as soon as it has run. The
+    instructor's own notebook (in ``solutions/``) runs as it is, hidden tests included. Needs no
+    nbgrader (course/grading/cells.py reads its metadata)."""
     prepare_environment()
     import tempfile
 
@@ -202,10 +213,15 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
     path = Path(notebook).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"check: no notebook at {notebook}")
-    course_file, release = _released(path)
+    course_file, release, solution = _released(path)
     config = _config(Path(config_file) if config_file else
                      course_file or find_config(path) or find_config(Path.cwd()), timeout)
     altered: list[str] = []
+
+    def ran(index, cell):
+        if on_test is not None and cells.is_test(cell):
+            on_test(_test_result(index, cell))
+
     try:
         nb = nbformat.read(str(path), as_version=4)
         if release is not None and release.resolve() != path:
@@ -213,7 +229,8 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
         changed = cells.type_changes(nb)
         if changed:
             return CheckReport(path, (), (), tuple(f"a {old} cell became {new}"
-                                                   for old, new in changed), release)
+                                                   for old, new in changed), release,
+                               solution=solution)
         problems = cells.metadata_problems(nb)
         if problems:
             raise ValueError("the nbgrader metadata of the notebook is damaged: "
@@ -223,30 +240,17 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 cell.outputs, cell.execution_count = [], None
         with tempfile.TemporaryDirectory(prefix="course-check-") as folder:
             nbformat.write(nb, str(Path(folder) / path.name))
-            executed = _execute(nb, config, folder)
+            executed = _execute(nb, config, folder, ran)
     except Exception as error:          # the kernel died, or the notebook is not a notebook
         reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
         return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",),
-                           tuple(altered), release)
+                           tuple(altered), release, solution=solution)
     tests, errors = [], []
     for index, cell in enumerate(executed.cells):
         if cell.cell_type != "code":
             continue
         if cells.is_test(cell):
-            grade_id = cell.metadata.nbgrader.get("grade_id", f"cell {index}")
-            hidden = HIDDEN_MARK in cell.source
-            if not _code_lines(cell.source):
-                tests.append(CellResult(grade_id, float(cell.metadata.nbgrader["points"]), None,
-                                        "", True))
-                continue
-            if not any(out.get("output_type") == "error" for out in cell.outputs):
-                show_stderr_unscored(cell)       # a warning is shown, not scored
-            score, points = cells.test_score(cell)
-            message = _error_text(cell) if score < points else ""
-            if not message:
-                message = _record_problem(cell)
-            tests.append(CellResult(grade_id, points, 0.0 if message else float(score), message,
-                                    hidden, footprints(cell)))
+            tests.append(_test_result(index, cell))
         else:
             message = _error_text(cell)
             if message:
@@ -254,7 +258,23 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 errors.append(f"cell {index} ({first}): {message}")
     evidence = review_evidence(learner_sources(executed))
     return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release,
-                       tuple(evidence))
+                       tuple(evidence), solution)
+
+
+def _test_result(index: int, cell) -> CellResult:
+    """One executed test cell's result (hidden tests of a release: None, run when graded)."""
+    grade_id = cell.metadata.nbgrader.get("grade_id", f"cell {index}")
+    hidden = HIDDEN_MARK in cell.source
+    if not _code_lines(cell.source):
+        return CellResult(grade_id, float(cell.metadata.nbgrader["points"]), None, "", True)
+    if not any(out.get("output_type") == "error" for out in cell.outputs):
+        show_stderr_unscored(cell)       # a warning is shown, not scored (idempotent)
+    score, points = cells.test_score(cell)
+    message = _error_text(cell) if score < points else ""
+    if not message:
+        message = _record_problem(cell)
+    return CellResult(grade_id, points, 0.0 if message else float(score), message, hidden,
+                      footprints(cell))
 
 
 def footprints(cell) -> tuple[Footprint, ...]:
@@ -293,20 +313,39 @@ def _record_problem(cell) -> str:
     return ""
 
 
-def format_report(report: CheckReport) -> str:
-    lines = [f"Checked {report.notebook.name} in a fresh kernel"
-             + (f", with the tests of {report.release}." if report.release else ".")]
-    for test in report.tests:
-        points = f"{test.points:g} point{'s' if test.points != 1 else ''}"
-        if test.score is None:
-            lines.append(f"  HIDDEN  {test.grade_id}: {points}, run when the notebook is graded")
-            continue
-        label = test.grade_id + (" (hidden tests)" if test.hidden else "")
-        lines.append(f"  {test.status:<6}  {label}: {test.score:g} of {points}")
-        if test.message:
-            message = test.message if len(test.message) < 600 else test.message[:600] + " ..."
-            lines.append("          " + message.replace("\n", "\n          "))
-        lines.extend("          " + footprint.describe() for footprint in test.footprints)
+def heading(report_or_path, release: Path | None = None, solution: bool = False) -> str:
+    """The check's first line: which notebook, and whose tests."""
+    name = Path(report_or_path).name
+    if solution:
+        return (f"Checked {name} in a fresh kernel: a solution notebook (solutions/), run with "
+                "its own tests, hidden tests included.")
+    return f"Checked {name} in a fresh kernel" + (f", with the tests of {release}." if release
+                                                  else ".")
+
+
+def format_test(test: CellResult) -> list[str]:
+    """A test cell's lines in the report: its verdict, then its message and memory figures."""
+    points = f"{test.points:g} point{'s' if test.points != 1 else ''}"
+    if test.score is None:
+        return [f"  HIDDEN  {test.grade_id}: {points}, run when the notebook is graded"]
+    label = test.grade_id + (" (hidden tests)" if test.hidden else "")
+    lines = [f"  {test.status:<6}  {label}: {test.score:g} of {points}"]
+    if test.message:
+        message = test.message if len(test.message) < 600 else test.message[:600] + " ..."
+        lines.append("          " + message.replace("\n", "\n          "))
+    lines.extend("          " + footprint.describe() for footprint in test.footprints)
+    return lines
+
+
+def format_report(report: CheckReport, *, streamed: bool = False) -> str:
+    """The whole report; ``streamed``: without the heading and the tests' lines (printed as
+    each test finished)."""
+    lines = [] if streamed else [heading(report.notebook, report.release, report.solution)]
+    if not streamed:
+        for test in report.tests:
+            lines.extend(format_test(test))
+    elif report.release is not None:
+        lines.append(f"  (the tests of {report.release} ran)")
     for error in report.cell_errors:
         lines.append(f"  ERROR   {error}")
     if report.review:
@@ -318,7 +357,8 @@ def format_report(report: CheckReport) -> str:
     hidden = f" ({report.hidden_points:g} more in hidden tests, run when graded)" \
         if report.hidden_points else ""
     lines.append(f"Points so far: {report.points:g} of {report.max_points:g}{hidden}.")
-    lines.append("All visible tests pass." if report.ok else
+    lines.append(("All tests pass, hidden ones included." if report.solution else
+                  "All visible tests pass.") if report.ok else
                  "Not done yet: fix what FAILs or ERRORs above and check again.")
     return "\n".join(lines)
 

@@ -10,18 +10,34 @@ from pathlib import Path
 from typing import Sequence
 
 from .authoring import mutation_check, read_mutants, scaffold
-from .check import check, format_report
+from .check import check, format_report, format_test
 from .grade import grade
 from .edition import learner_edition
 from .release import release
 from .report import GRADES_CSV
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+CHECK_HELP = ("Run an exercise notebook in a fresh, sandboxed kernel and print each visible "
+              "test's result as it finishes, then the points so far. Example: course-check "
+              "exercises/01_matmul/matmul.ipynb (an instructor's solutions/ notebook runs with "
+              "its hidden tests).")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m course.grading",
+         command: str | None = None) -> int:
+    """The command line; ``command`` with ``prog``: one command's own program (the entry
+    points: ``course-check`` is ``check``), whose usage and errors name that program."""
     parser = argparse.ArgumentParser(
-        prog="python -m course.grading",
-        description="Release, check and grade the course's nbgrader exercises.")
-    commands = parser.add_subparsers(dest="command", required=True)
+        prog=prog,
+        description=CHECK_HELP if command == "check" else
+        "Release, check and grade the course's nbgrader exercises.")
+    if command is not None:
+        class One:                   # the subparsers' interface, for one command's own parser
+            def add_parser(self, name, help=""):
+                return parser if name == command else argparse.ArgumentParser()
+        commands = One()
+    else:
+        commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("release",
                             help="generate exercises/ (student notebooks) from solutions/")
@@ -39,9 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--course-dir", default=".", help="course root (default: .)")
 
     p = commands.add_parser("check", help="run a notebook and print each visible test's result")
-    p.add_argument("notebook",
+    p.add_argument("notebook", nargs="?" if command == "check" else None,
                    help="path to an .ipynb (for example exercises/01_matmul/matmul.ipynb)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
+    p.add_argument("--profile", action="store_true",
+                   help="print where the seconds went (kernel start, cells, tests)")
 
     p = commands.add_parser("grade", help="grade submitted/<student>/<assignment>/ (autograde, "
                                           "feedback HTML, grades CSV)")
@@ -58,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-feedback", action="store_true", help="skip the feedback HTML")
     p.add_argument("--verbose", action="store_true",
                    help="also show nbgrader's warnings and errors")
+    p.add_argument("--profile", action="store_true",
+                   help="print where the seconds went (the solutions' records, kernel start, "
+                        "cells, nbgrader's own steps, feedback), summed over the notebooks")
     p.add_argument("--workers", type=int, default=None,
                    help="submissions graded at once (default: the number of cores)")
     p.add_argument("--notebook-timeout", type=int, default=None,
@@ -90,7 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="where the sandbox cannot start, run kernels without it (your own "
                         "mutants are trusted code)")
 
+    if command is not None:
+        parser.set_defaults(command=command)
     args = parser.parse_args(argv)
+    if command == "check" and args.notebook is None:      # course-check alone: say what it wants
+        parser.print_help(sys.stderr)
+        return 2
     try:
         return COMMANDS[args.command](args)
     except (FileNotFoundError, FileExistsError, RuntimeError, ValueError) as error:
@@ -111,8 +137,17 @@ def _edition(args) -> int:
 
 
 def _check(args) -> int:
-    report = check(args.notebook, timeout=args.timeout)
-    print(format_report(report))
+    import time
+    start = time.perf_counter()
+    print(f"Checking {Path(args.notebook).name} in a fresh kernel (starting it: sandbox, torch, "
+          "llmcore; each test's result follows as it finishes) ...", flush=True)
+    report = check(args.notebook, timeout=args.timeout,
+                   on_test=lambda test: print("\n".join(format_test(test)), flush=True))
+    print(format_report(report, streamed=True))
+    if args.profile:
+        from .profiling import ACTIVE
+        print(ACTIVE.format("Where the seconds went (--profile):",
+                            wall=time.perf_counter() - start))
     return 0 if report.ok else 1
 
 
@@ -122,7 +157,8 @@ def _grade(args) -> int:
                 feedback=not args.no_feedback, log=lambda m: print(m, flush=True),
                 verbose=args.verbose, workers=args.workers,
                 notebook_timeout=args.notebook_timeout,
-                unsandboxed_trusted=args.unsandboxed_trusted)
+                unsandboxed_trusted=args.unsandboxed_trusted, profile=args.profile,
+                progress=True)
     rows = run.rows
     width = max([len(r.student) for r in rows] + [7])
     for r in rows:
@@ -132,21 +168,32 @@ def _grade(args) -> int:
     print(f"grades: {Path(args.csv) if args.csv else course / GRADES_CSV}; "
           f"feedback: {course / 'feedback'}")
     print(run.summary())
+    if run.profile is not None:
+        print(run.profile.format(f"Where the seconds went (--profile; {run.workers} worker(s) "
+                                 "at once, so the phases add up to more than the run's "
+                                 f"{run.seconds:.1f} s):", notebooks=run.notebooks))
     return 0
 
 
 def _scaffold(args) -> int:
     path = scaffold(args.course_dir, args.assignment, notebook=args.notebook)
-    print(f"wrote {path}\nedit it, then: python -m course.grading release --course-dir "
-          f"{args.course_dir}; python -m course.grading mutation-check {args.assignment} "
-          "MUTANTS_FOLDER")
+    python = Path(sys.executable)             # the interpreter that has the grader's packages
+    if Path.cwd() in python.parents:
+        python = python.relative_to(Path.cwd())
+    print(f"wrote {path}\nedit it, then: {python} -m course.grading release --course-dir "
+          f"{args.course_dir}; {python} -m course.grading mutation-check {args.assignment} "
+          "MUTANTS_FOLDER (course/grading/AUTHORING.md, section 5)")
     return 0
 
 
 def _mutation_check(args) -> int:
-    report = mutation_check(args.course_dir, args.assignment, read_mutants(args.mutants),
+    mutants = read_mutants(args.mutants)
+    print(f"mutation-check: grading the solution of {args.assignment} and {len(mutants)} "
+          "mutant(s) against its hidden tests, each in a fresh sandboxed kernel ...", flush=True)
+    report = mutation_check(args.course_dir, args.assignment, mutants,
                             timeout=args.timeout, workers=args.workers,
-                            unsandboxed_trusted=args.unsandboxed_trusted)
+                            unsandboxed_trusted=args.unsandboxed_trusted,
+                            log=lambda m: print(m, flush=True), progress=True)
     print(report.format())
     return 0 if report.ok else 1
 
@@ -157,19 +204,19 @@ COMMANDS = {"release": _release, "edition": _edition, "check": _check, "grade": 
 
 def release_main() -> None:
     """``course-release [--course-dir DIR]``."""
-    sys.exit(main(["release", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:], prog="course-release", command="release"))
 
 
 def edition_main() -> None:
     """``course-edition OUT [--course-dir DIR]``."""
-    sys.exit(main(["edition", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:], prog="course-edition", command="edition"))
 
 
 def check_main() -> None:
     """``course-check NOTEBOOK``."""
-    sys.exit(main(["check", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:], prog="course-check", command="check"))
 
 
 def grade_main() -> None:
     """``course-grade [--course-dir DIR] [--force] ...``."""
-    sys.exit(main(["grade", *sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:], prog="course-grade", command="grade"))

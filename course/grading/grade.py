@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from .nbgrader_app import (LogRecords, assignments_in, course_config, course_directory,
                            find_config, generate_assignment, last_error_line, prepare_environment)
@@ -42,6 +42,9 @@ from .report import (GRADES_CSV, OUTCOME_FILE, REFUSED_LINK, UNKNOWN_ASSIGNMENT,
                      Outcome, Status, gradebook_rows, graded_pairs, record, write_grades)
 from .secret import SECRET_ENV
 from .worker import WORKER_COMMAND, Job, sandbox_settings
+
+if TYPE_CHECKING:                             # profiling imports nbconvert: only when asked
+    from .profiling import Profile
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class GradeOptions:
     workers: int | None = None                   # default: the number of cores
     unsandboxed_trusted: bool = False            # where bwrap cannot start: trusted only
     verbose: bool = False                        # show nbgrader's warnings
+    progress: bool = False                       # a progress bar (course/grading/progress.py)
+    profile: bool = False                        # time each phase (course/grading/profiling.py)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class GradeRun:
     seconds: float               # wall time of the grading (workers), start to last record
     per_notebook: list[float]    # each worker's wall time divided by its notebooks
     workers: int
+    profile: "Profile | None" = None   # with options.profile: where the seconds went
 
     def summary(self) -> str:
         if not self.notebooks:
@@ -150,10 +156,16 @@ def _log_warnings(records: LogRecords, options: GradeOptions, say: Callable[[str
 
 
 def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
-        scratch: Path, say: Callable[[str], None]) -> Iterator[tuple[Job, Outcome]]:
+        scratch: Path, say: Callable[[str], None],
+        profile: "Profile | None" = None) -> Iterator[tuple[Job, Outcome]]:
     """Step 2: grade each pair in a worker process, ``options.workers`` at a time, in scratch
-    folders under ``scratch``; yields each job with its outcome as it finishes."""
+    folders under ``scratch``; yields each job with its outcome as it finishes. With
+    ``profile``, the solutions' records and the assignments' registration are timed there."""
+    from contextlib import nullcontext
+
     from .judging import expected_records
+    timed = (lambda phase: profile.time(phase)) if profile is not None \
+        else (lambda phase: nullcontext())
 
     course = Path(coursedir.root)
     config_path = str(options.config_file) if options.config_file else _config_path(course)
@@ -163,16 +175,19 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
     secret = secrets.token_hex(32)            # this run's fresh inputs (secret.py)
     template_config = course_config(course, gradebook=template, config_file=config_path)
     for assignment in sorted({a for _, a in todo}):
-        _register(template_config, assignment)
+        with timed("nbgrader: the assignments registered (grader)"):
+            _register(template_config, assignment)
         for source in sorted((course / coursedir.source_directory / assignment).glob("*.ipynb")):
-            expected_records(source, config, verdict_cache / assignment, secret)
+            with timed("the solutions' records, once per assignment (grader)"):
+                expected_records(source, config, verdict_cache / assignment, secret)
     workers = _workers(options)
     say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
     jobs = [_prepare_job(scratch / f"job{i}", coursedir, template, student, assignment,
                          Job(student, assignment, folder="", root="", config_file=config_path,
                              secret=secret, verdict_cache=str(verdict_cache),
                              timeout=options.timeout, notebook_timeout=options.notebook_timeout,
-                             unsandboxed_trusted=trusted, feedback=options.feedback))
+                             unsandboxed_trusted=trusted, feedback=options.feedback,
+                             profile=options.profile))
             for i, (student, assignment) in enumerate(todo)]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         running = [pool.submit(_run_worker, job) for job in jobs]
@@ -216,26 +231,70 @@ def grade(course_dir: str | os.PathLike = ".", options: GradeOptions | None = No
     coursedir = course_directory(config)
     course = Path(coursedir.root)
 
+    profile = None
+    if options.profile:
+        from .profiling import Profile
+        profile = Profile()
+    started = time.perf_counter()
     selection = select(config, coursedir, options, say)
+    if profile is not None:
+        profile.add("selecting and registering the submissions (grader)",
+                    time.perf_counter() - started)
     status, reasons = dict(selection.status), {}
     per_notebook: list[float] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="course-grade-") as scratch:
         if selection.todo:
-            for job, outcome in run(selection.todo, config, coursedir, options, Path(scratch),
-                                    say):
-                record_outcome(job, outcome, coursedir)          # step 3
-                key = (outcome.student, outcome.assignment)
-                status[key], reasons[key] = Status.of(outcome), "; ".join(outcome.reasons)
-                count = max(1, len(outcome.grades))
-                per_notebook += [outcome.seconds / count] * count
-                say(f"{outcome.student}/{outcome.assignment}: {status[key]} "
-                    f"({outcome.seconds:.1f} s)")
+            bar = _progress(course, coursedir, selection.todo, options)
+            try:
+                for job, outcome in run(selection.todo, config, coursedir, options,
+                                        Path(scratch), say, profile):
+                    record_outcome(job, outcome, coursedir)          # step 3
+                    key = (outcome.student, outcome.assignment)
+                    status[key], reasons[key] = Status.of(outcome), "; ".join(outcome.reasons)
+                    count = max(1, len(outcome.grades))
+                    per_notebook += [outcome.seconds / count] * count
+                    message = (f"{outcome.student}/{outcome.assignment}: {status[key]} "
+                               f"({outcome.seconds:.1f} s)")
+                    if bar is None:
+                        say(message)
+                    else:
+                        bar.write(message, say)
+                        bar.update(count)
+                    if profile is not None:
+                        _add_worker_profile(profile, job, outcome)
+            finally:
+                if bar is not None:
+                    bar.close()
     seconds = time.perf_counter() - start
     rows = gradebook_rows(coursedir, status, reasons)
     write_grades(rows, Path(options.csv_path) if options.csv_path else course / GRADES_CSV)
     return GradeRun(rows, len(selection.todo), len(per_notebook), seconds, per_notebook,
-                    _workers(options))
+                    _workers(options), profile)
+
+
+def _progress(course: Path, coursedir, todo: list[tuple[str, str]], options: GradeOptions):
+    """The run's progress bar over its notebooks (the source notebooks of each assignment), or
+    None when ``options.progress`` is off."""
+    if not options.progress:
+        return None
+    from .progress import Progress
+    source = course / coursedir.source_directory
+    counts = {a: max(1, len(list((source / a).glob("*.ipynb")))) for _, a in todo}
+    return Progress(sum(counts[a] for _, a in todo), desc="grading")
+
+
+def _add_worker_profile(profile, job: Job, outcome: Outcome) -> None:
+    """A worker's phases (course/grading/profiling.py), summed into the run's ``profile``, and
+    its process's start (Python, nbgrader's imports) and end."""
+    from .profiling import read
+    found = read(job.folder)
+    if found is not None:
+        profile.merge(found)
+    wall = Path(job.folder) / "worker-seconds"
+    if wall.is_file():
+        profile.add("worker process: Python, imports, exit", float(wall.read_text())
+                    - outcome.seconds)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,6 +351,8 @@ def _run_worker(job: Job) -> tuple[Job, Outcome]:
         done = subprocess.run([sys.executable, "-c", WORKER_COMMAND, str(job.job_file)],
                               cwd=job.folder, env=env, capture_output=True, text=True,
                               preexec_fn=_die_with_parent, timeout=3600)
+        if job.profile:
+            (Path(job.folder) / "worker-seconds").write_text(str(time.perf_counter() - started))
         text = job.outcome_file.read_text() if job.outcome_file.is_file() else None
         if text:
             return job, Outcome.from_json(text)

@@ -50,6 +50,7 @@ class Job:
     unsandboxed_trusted: bool = False
     feedback: bool = True
     links: tuple[str, ...] = field(default=())   # symbolic links left out of the submission
+    profile: bool = False          # time the phases (course/grading/profiling.py)
 
     @property
     def gradebook(self) -> Path:
@@ -99,6 +100,9 @@ def grade_submission(job: Job) -> Outcome:
     sandbox_settings(config, notebook_timeout=job.notebook_timeout,
                      unsandboxed_trusted=job.unsandboxed_trusted)
     config.SandboxedKernelManager.events_file = str(job.events_file)
+    if job.profile:
+        from .profiling import swap_executor
+        swap_executor(config)
     coursedir = course_directory(config, assignment_id=assignment, student_id=student)
     submitted = Path(coursedir.format_path(coursedir.submitted_directory, student, assignment))
     autograded = Path(coursedir.format_path(coursedir.autograded_directory, student, assignment))
@@ -111,7 +115,9 @@ def grade_submission(job: Job) -> Outcome:
     app = Autograde(coursedir=coursedir, config=config)
     app.force = True
     app.create_student = True
+    autograde_start = time.perf_counter()
     records = run_converter(app)
+    autograde_seconds = time.perf_counter() - autograde_start
     notebooks = sorted(autograded.glob("*.ipynb"))
     if not notebooks:
         stopped = sandbox.stop_reason(sandbox.read_events(job.events_file))   # a limit hit
@@ -141,10 +147,26 @@ def grade_submission(job: Job) -> Outcome:
         outcome.reasons += notebook_reasons(nb, outcome.grades.get(path.stem, {}),
                                             memory_limit_mb=memory, cell_timeout=job.timeout
                                             or config.Execute.get("timeout"))
+    feedback_start = time.perf_counter()
     if job.feedback and not outcome.failure:   # a failure's page: the grader's record step
         run_converter(GenerateFeedback(coursedir=coursedir, config=config))
     outcome.seconds = time.perf_counter() - start
+    if job.profile:
+        _save_profile(job, outcome.seconds, autograde_seconds,
+                      time.perf_counter() - feedback_start)
     return outcome
+
+
+def _save_profile(job: Job, seconds: float, autograde: float, feedback: float) -> None:
+    """The worker's phases into the job's folder: the kernel and its cells (timed by
+    ProfiledExecute), nbgrader's own steps around them, the feedback page, the rest."""
+    from .profiling import ACTIVE, PROFILE_FILE
+    ran = sum(total for total, _ in ACTIVE.phases.values())
+    ACTIVE.add("nbgrader autograde's own steps (verdicts outside the kernel included)",
+               autograde - ran)
+    ACTIVE.add("feedback page (nbgrader generate_feedback)", feedback)
+    ACTIVE.add("worker: its job's cells checked, gradebook read", seconds - autograde - feedback)
+    (Path(job.folder) / PROFILE_FILE).write_text(ACTIVE.to_json())
 
 
 def sandbox_settings(config, *, notebook_timeout: int | None,

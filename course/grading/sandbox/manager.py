@@ -128,6 +128,30 @@ class SandboxedKernelManager(AsyncKernelManager):
                                   record=self._record, log=self.log)
         self._watchdog.start()
 
+    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+        # A graded kernel is never reused and nothing it holds is kept: it is killed at once
+        # (with the whole sandbox, by the cleanup) instead of asked to stop and waited for
+        # (seconds per notebook). jupyter_client also interrupts a kernel before stopping it,
+        # and an idle one (every notebook that ran to its end) answered by logging
+        # "KeyboardInterrupt caught in kernel." on stderr: no interrupt is sent.
+        self._quiet_shutdown = True
+        try:
+            await super()._async_shutdown_kernel(now=True, restart=restart)
+        finally:
+            self._quiet_shutdown = False
+
+    async def _async_interrupt_kernel(self) -> None:
+        if getattr(self, "_quiet_shutdown", False):
+            return
+        await super()._async_interrupt_kernel()
+
+    shutdown_kernel = _async_shutdown_kernel     # AsyncKernelManager binds its parent's here
+
+    async def _async_interrupt_kernel(self) -> None:
+        if getattr(self, "_quiet_shutdown", False):
+            return
+        await super()._async_interrupt_kernel()
+
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         process = getattr(self.provisioner, "process", None) if self.provisioner else None
         if process is not None and process.poll() is None:
