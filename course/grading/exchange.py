@@ -27,6 +27,7 @@ instructor's commands) and the hub's global configuration (the students' servers
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -90,13 +91,21 @@ class OwnerCheckedCollect(ExchangeCollect):
         """The user name owning ``path`` (not following a link), or ``uid <n>`` if unknown."""
         uid = os.lstat(path).st_uid
         if self.uid_roster:
-            roster = json.loads(Path(self.uid_roster).read_text(encoding="utf-8"))["uids"]
-            names = [name for name, known in roster.items() if int(known) == uid]
+            names = self._roster_names().get(uid, [])
             return names[0] if len(names) == 1 else f"uid {uid}"
         try:
             return pwd.getpwuid(uid).pw_name
         except KeyError:
             return f"uid {uid}"
+
+    @functools.cache
+    def _roster_names(self) -> dict[int, list[str]]:
+        """The roster read once per collect: each uid and the names it is given."""
+        roster = json.loads(Path(self.uid_roster).read_text(encoding="utf-8"))["uids"]
+        names: dict[int, list[str]] = {}
+        for name, uid in roster.items():
+            names.setdefault(int(uid), []).append(name)
+        return names
 
     def refusal(self, record: dict) -> str | None:
         """Why the submission ``record`` may not be collected (None if it may)."""
