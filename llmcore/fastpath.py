@@ -40,6 +40,7 @@ from .layout import check_attention_mask
 from .llama import Llama
 from .lowbit import (FORMATS, bytes_of, format_of, pack, packed_linear, packed_linear_available,
                      plain_linear)
+from .masks import causal_mask, sliding_window_mask
 from .model import GPT
 from .rope import rope_tables, rotate_half
 from .storage import storage_bytes
@@ -113,6 +114,7 @@ class FastDecoder:
         self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
         self.group = c.n_heads // c.kv_heads
+        self.window = getattr(c, "sliding_window", None)      # Mistral's; None: every key
         self.dtype = self.format.dtype or model.dtype
         low = self.dtype in (torch.bfloat16, torch.float16)
         self.stream_dtype = torch.float32 if low else self.dtype
@@ -154,7 +156,7 @@ class FastDecoder:
         return weights._replace(**{
             name: (self.prepare_matrix(t) if name.startswith("w_") else
                    t.detach().to(self.dtype if name.startswith("b_") else self.stream_dtype))
-            for name, t in weights._asdict().items()})
+            for name, t in weights._asdict().items() if t is not None})
 
     def step(self, tokens: Tensor, positions: Tensor, cache: StaticCache,
              mask: Tensor | None) -> Tensor:
@@ -164,11 +166,28 @@ class FastDecoder:
         x = self.embed(tokens, positions)                                       # (b, n, d)
         rotation = self.rotation(positions)
         start = cache.length
+        mask = self.visible(mask, start, tokens.shape[1], tokens.device)
         for layer, weights in enumerate(self.blocks):
             x = self.block(x, weights, cache.keys[layer], cache.values[layer], start, mask,
                            rotation)                                            # (b, n, d)
         cache.length = start + tokens.shape[1]
         return self.logits(x[:, -1])                                            # (b, v)
+
+    def visible(self, mask: Tensor | None, start: int, n: int,
+                device: torch.device) -> Tensor | None:
+        """The keys n queries at slots [start, start + n) may see, once per step for every
+        layer: mask (b, 1, n, m) or (b, 1, 1, m) bool, or None (the plain causal rule), cut
+        to the sliding window (``config.sliding_window``, Mistral: the band of
+        :func:`llmcore.masks.sliding_window_mask`) when several queries reach past it; one
+        query needs no band, :meth:`attend` reads only its window's keys. Several queries
+        after a past get the bottom-right causal mask SDPA's is_causal does not draw."""
+        end = start + n
+        window = self.window
+        if n == 1 or (start == 0 and (window is None or end <= window)):
+            return mask
+        rule = (causal_mask(n, end, device) if window is None or end <= window
+                else sliding_window_mask(n, end, window, device))                # (n, m)
+        return rule if mask is None else mask & rule
 
     def heads(self, rows: Tensor, b: int, n: int) -> Tensor:
         """rows: (b n, k d_head), k heads side by side -> (b, k, n, d_head), a view."""
@@ -181,14 +200,19 @@ class FastDecoder:
         attend q: (b, h, n, d_head) over rows [0, start + n) with PyTorch's
         fused kernel -> (b, h, n, d_head). mask: (b, 1, n, m) bool, or None:
         the prompt's causal rule when start == 0, else no mask (one new query
-        sees every cached key). Chapter 7 (the fast path)."""
+        sees every cached key). With a sliding window only the rows from
+        start - window + 1 on are read (the first query's window).
+        Chapter 7 (the fast path)."""
         n = q.shape[2]
         end = start + n
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
+        first = 0 if self.window is None else max(0, start - self.window + 1)
+        if mask is not None and first:       # (b, 1, n, end - first)
+            mask = mask[..., first:]
         causal = mask is None and start == 0 and n > 1
         return F.scaled_dot_product_attention(
-            q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+            q, keys[:, :, first:end], values[:, :, first:end], attn_mask=mask,
             is_causal=causal, enable_gqa=self.group > 1)
 
     def head_logits(self, normed: Tensor) -> Tensor:
@@ -339,7 +363,9 @@ class FastGPT(FastDecoder):
 
 class LlamaBlockWeights(NamedTuple):
     """One Llama block's tensors as the fast path reads them: the model's own parameters, or
-    copies in the fast path's precision (the matrices ``w_*`` packed or quantized)."""
+    copies in the fast path's precision (the matrices ``w_*`` packed or quantized). The
+    families' extras are None where a model has none: q/k/v biases (Qwen2), per-head q and k
+    norms (Qwen3)."""
 
     attn_norm: Tensor
     w_q: Tensor
@@ -350,49 +376,43 @@ class LlamaBlockWeights(NamedTuple):
     w_gate: Tensor
     w_up: Tensor
     w_down: Tensor
-
-
-def unserved_features(config) -> list[str]:
-    """The family features of a Llama config (chapter 11) that :class:`FastLlama` does not
-    compute, by name; it refuses such a model rather than compute it wrong."""
-    features = {"q/k/v biases (qkv_bias, Qwen2)": config.qkv_bias,
-                "per-head q/k RMSNorm (qk_norm, Qwen3)": config.qk_norm,
-                f"head_dim = {config.d_head} != d_model / n_heads":
-                    config.d_head * config.n_heads != config.d_model,
-                f"sliding-window attention (sliding_window = {config.sliding_window}, Mistral)":
-                    config.sliding_window is not None,
-                "RoPE scaling (rope_scaling, Llama 3.1)": config.rope_scaling is not None}
-    return [name for name, present in features.items() if present]
+    b_q: Tensor | None = None
+    b_k: Tensor | None = None
+    b_v: Tensor | None = None
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
 
 
 class FastLlama(FastDecoder):
-    """:class:`FastDecoder` for a :class:`llmcore.llama.Llama`: no positions at the embedding,
-    RMSNorm, RoPE on q and k (cos and sin tables made once for every position), SwiGLU, no
-    biases, and the untied head ``lm_head`` (d, v) read as it is. Chapter 11."""
+    """:class:`FastDecoder` for a :class:`llmcore.llama.Llama` and each family of chapter 11: no
+    positions at the embedding, RMSNorm, RoPE on q and k (cos and sin tables made once for
+    every position, with Llama 3.1's frequency scaling when the config has one), SwiGLU, the
+    head ``lm_head`` (d, v) read as it is (a tied one too: SmolLM2, Llama 3.2), q/k/v biases
+    (Qwen2), per-head q and k RMSNorm and a head_dim of its own (Qwen3), and a sliding window
+    (Mistral: :meth:`FastDecoder.visible` and :meth:`FastDecoder.attend`). Chapter 11."""
 
     def __init__(self, model: Llama, *, compile: bool = False, batch_size: int = 1,
                  precision: str | None = None, pack: bool | None = None):
         c = model.config
-        missing = unserved_features(c)
-        if missing:
-            raise NotImplementedError(
-                f"the fast path does not implement {', '.join(missing)} yet; this model runs "
-                "on the teaching path (generate(..., fast=False))")
         self.eps = c.rms_eps
         super().__init__(model, compile=compile, batch_size=batch_size, precision=precision,
                          pack=pack)
         dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         every = torch.arange(c.max_seq_len, device=model.device)
         with torch.inference_mode(False):
-            cos, sin = rope_tables(every, c.d_head, c.rope_base, dtype=dtype)
+            cos, sin = rope_tables(every, c.d_head, c.rope_base, dtype=dtype,
+                                   scaling=c.rope_scaling)
             self.norm_f = model.norm_f.weight.detach().to(self.stream_dtype)
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)   # (T, d_head)
 
     def block_weights(self, block) -> LlamaBlockWeights:
         attention, ffn = block.attention, block.ffn
+        norms = ((None, None) if attention.q_norm is None
+                 else (attention.q_norm.weight, attention.k_norm.weight))
         return LlamaBlockWeights(block.attn_norm.weight, attention.w_q, attention.w_k,
                                  attention.w_v, attention.w_o, block.ffn_norm.weight,
-                                 ffn.w_gate, ffn.w_up, ffn.w_down)
+                                 ffn.w_gate, ffn.w_up, ffn.w_down, attention.b_q,
+                                 attention.b_k, attention.b_v, *norms)
 
     def head_matrix(self) -> Tensor:
         return self.model.lm_head                                               # (d, v)
@@ -407,19 +427,28 @@ class FastLlama(FastDecoder):
         """cos, sin: (b, 1, n, d_head) for the positions (b, n), shared by every block."""
         return self.cos[positions][:, None], self.sin[positions][:, None]
 
+    def head_norm(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Qwen3's RMSNorm of every head: x (b, k, n, d_head) normalised in stream_dtype, as
+        the teaching path's :func:`llmcore.norm.rms_norm` does half precision -> dtype."""
+        wide = x.to(self.stream_dtype)
+        return F.rms_norm(wide, (self.d_head,), weight, self.eps).to(self.dtype)
+
     def _block(self, x: Tensor, w: LlamaBlockWeights, keys: Tensor, values: Tensor,
                start: int, mask: Tensor | None, rotation: tuple[Tensor, Tensor]) -> Tensor:
         """One block on x: (b, n, d) -> (b, n, d); keys stored already rotated."""
         b, n, d = x.shape
         rows = x.view(b * n, d)
         normed = F.rms_norm(rows, (d,), w.attn_norm, self.eps).to(self.dtype)
-        q, k, v = (self.heads(self.linear(normed, weight, None), b, n)
-                   for weight in (w.w_q, w.w_k, w.w_v))
+        q = self.heads(self.linear(normed, w.w_q, w.b_q), b, n)  # (b, h, n, d_head)
+        k = self.heads(self.linear(normed, w.w_k, w.b_k), b, n)  # (b, h_kv, n, d_head)
+        v = self.heads(self.linear(normed, w.w_v, w.b_v), b, n)
+        if w.q_norm is not None:                                 # Qwen3
+            q, k = self.head_norm(q, w.q_norm), self.head_norm(k, w.k_norm)
         cos, sin = rotation
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         out = self.attend(q, k, v, keys, values, start, mask)   # (b, h, n, d_head)
-        out = out.transpose(1, 2).reshape(b * n, d)              # (b n, d)
+        out = out.transpose(1, 2).reshape(b * n, -1)             # (b n, h d_head)
         rows = rows + self.linear(out, w.w_o, None)              # residual
         normed = F.rms_norm(rows, (d,), w.ffn_norm, self.eps).to(self.dtype)
         gate = F.silu(self.linear(normed, w.w_gate, None))

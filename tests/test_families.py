@@ -2,7 +2,7 @@
 (q/k norms, head_dim), Mistral (sliding window, rolling cache), SmolLM2 (tied head), each equal
 to transformers' model on random weights of its released config.json (layers and vocabulary
 shrunk, every other field as released); every config field classified, every unimplemented one
-refused by name; the fast path refuses what it does not compute."""
+refused by name; the fast path gives the teaching path's greedy tokens for each."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from llmcore import reference
-from llmcore.fastpath import fast_model
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache, RollingKVCache
 from llmcore.llama import (IGNORED_FIELDS, READ_FIELDS, REQUIRED_FIELDS, Llama, LlamaConfig,
@@ -353,24 +352,23 @@ def test_a_cache_that_cannot_band_is_refused_past_the_window():
             model(tokens(b=1, n=10), pages.batch(["a"]))
 
 
-# -- the fast path refuses what it does not compute ---------------------------------------------
+# -- the fast path serves every family (tests/test_fastpath_families.py: every precision) --------
 
-@pytest.mark.parametrize("name, fields, feature", [
-    ("Llama 3.2 1B", shrunk(LLAMA_3_2_1B, 1), "rope_scaling"),
-    ("Qwen2.5 0.5B", shrunk(QWEN2_5_0_5B, 1), "qkv_bias"),
-    ("Qwen3 0.6B", shrunk(QWEN3_0_6B, 1), "qk_norm"),
-    ("Mistral", SLIDING, "sliding_window")])
-def test_fast_path_refuses_family_features_it_does_not_implement(name, fields, feature):
-    model = Llama(config_from_hf(fields), device="meta")
-    with pytest.raises(NotImplementedError, match=feature):
-        fast_model(model)
-    with pytest.raises(NotImplementedError, match=feature):
-        generate(model, torch.zeros(1, 3, dtype=torch.long, device="meta"), 2, fast=True)
+@pytest.mark.parametrize("name", sorted(FAMILY_CASES))
+def test_fast_path_gives_the_teaching_tokens_on_each_released_config(name):
+    """The released widths (GQA ratios, head_dim, rope_theta, scaling) on the fast path; the
+    teaching path equals transformers above."""
+    released, n_layers = FAMILY_CASES[name]
+    model = from_hf(hf_model(shrunk(released, n_layers), seed=12)).eval()
+    prompt = tokens(n=6, seed=13)
+    assert torch.equal(generate(model, prompt, 8, fast=True), generate(model, prompt, 8))
 
 
-def test_fast_path_serves_smollm2_a_tied_llama():
-    model = from_hf(hf_model(shrunk(SMOLLM2_135M, 2)))
-    prompt = tokens(n=6)
-    cache = KVCache.for_model(model, 2, max_tokens=14)
-    assert torch.equal(generate(model, prompt, 8, fast=True), generate(model, prompt, 8,
-                                                                       cache=cache))
+def test_fast_path_decodes_past_mistrals_window_as_hugging_face():
+    hf = hf_model(SLIDING, seed=4, scale=5.0)
+    model = from_hf(hf)
+    for n in (6, 20):                                  # a prompt within the window, and past it
+        prompt = tokens(b=2, n=n, seed=5)
+        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
+                             do_sample=False, pad_token_id=0)
+        assert torch.equal(generate(model, prompt, 30, fast=True), theirs)

@@ -42,24 +42,31 @@ def mixed_lengths(config, b, n, device, seed=0):
     return token_ids(config, b, n, seed).to(device), mask.to(device)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_step_logits_equal_the_teaching_forward_with_a_cache(kind, device):
-    model = tiny(kind, seed=4, device=device)
-    prompt = token_ids(model.config, 3, 7).to(device)
-    fast, cache = fast_model(model), StaticCache(model, 3, 12)
-    assert type(fast) is (FastLlama if kind == "llama" else FastGPT)
-    teaching = KVCache.for_model(model, 3)
-    positions = torch.arange(12, device=device).expand(3, 12)
+def assert_steps_equal_the_teaching_forward(model, fast, prompt, total):
+    """The fast step's logits after the prompt (b, n) and after each greedy token up to
+    ``total`` tokens equal the teaching forward's with a KVCache."""
+    b, n = prompt.shape
+    cache, teaching = StaticCache(model, b, total), KVCache.for_model(model, b)
+    positions = torch.arange(total, device=prompt.device).expand(b, total)
     with torch.no_grad():
         want = model(prompt, teaching, last_only=True)[:, -1]
-        got = fast.step(prompt, positions[:, :7], cache, None)
+        got = fast.step(prompt, positions[:, :n], cache, None)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        for t in range(7, 12):
+        for t in range(n, total):
             step = want.argmax(dim=-1, keepdim=True)
             want = model(step, teaching, last_only=True)[:, -1]
             got = fast.step(step, positions[:, t:t + 1], cache, None)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert cache.length == teaching.length == 12
+    assert cache.length == teaching.length == total
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_logits_equal_the_teaching_forward_with_a_cache(kind, device):
+    model = tiny(kind, seed=4, device=device)
+    fast = fast_model(model)
+    assert type(fast) is (FastLlama if kind == "llama" else FastGPT)
+    assert_steps_equal_the_teaching_forward(model, fast, token_ids(model.config, 3, 7).to(device),
+                                            12)
 
 
 def test_the_output_projection_follows_the_embedding_when_it_changes(device):

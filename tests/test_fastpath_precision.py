@@ -66,35 +66,46 @@ def forced_logits(model, prompt, follow, precision) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("kind", ["gpt", "llama"])
-def test_logits_stay_near_float32_within_the_stated_tolerance(kind, precision):
-    model = model_of(kind)
-    prompt, follow = token_ids(SMALL_GPT, 3, 9), token_ids(SMALL_GPT, 3, 6, seed=5)
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |got - want| as a share of the largest |want|."""
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def assert_near_float32(model, prompt, follow, precision, label: str) -> None:
+    """The fast path's forced logits in ``precision`` within its stated tolerance of float32's
+    (printed)."""
     want = forced_logits(model, prompt, follow, None)
     got = forced_logits(model, prompt, follow, precision)
     assert got.dtype == torch.float32 and got.shape == want.shape
-    error = float((got - want).abs().max() / want.abs().max())
-    print(f"{kind} {precision}: largest logit error {error:.4f} of the largest logit")
+    error = relative_error(got, want)
+    print(f"{label} {precision}: largest logit error {error:.4f} of the largest logit")
     assert 0 < error <= LOGITS_TOLERANCE[precision]
+
+
+def assert_rounding_is_all_that_changes(model, prompt, follow, precision) -> None:
+    """The fast path's int8/int4 is llmcore.quantize's: the teaching forward of the model with
+    its block matrices rounded by fake_quantize and its head by int8, in float32, gives the same
+    logits up to bfloat16 activations."""
+    rounded = fake_quantize(model, precision, group_size=32 if precision == "int4" else None)
+    with torch.no_grad():
+        rounded.lm_head.copy_(round_weight(rounded.lm_head, "int8"))
+    got = forced_logits(model, prompt, follow, precision)
+    error = relative_error(got, forced_logits(rounded, prompt, follow, None))
+    assert error <= LOGITS_TOLERANCE["bf16"]                   # bf16 activations, nothing else
+    assert error < relative_error(got, forced_logits(model, prompt, follow, None))
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_logits_stay_near_float32_within_the_stated_tolerance(kind, precision):
+    prompt, follow = token_ids(SMALL_GPT, 3, 9), token_ids(SMALL_GPT, 3, 6, seed=5)
+    assert_near_float32(model_of(kind), prompt, follow, precision, kind)
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_quantized_logits_equal_the_teaching_forward_of_the_same_rounded_weights(precision):
-    """The fast path's int8/int4 is llmcore.quantize's: the teaching forward of the model with
-    its block matrices rounded by fake_quantize and its head by int8, in float32, gives the same
-    logits up to bfloat16 activations."""
-    model = model_of("llama", seed=2)
-    rounded = fake_quantize(model, precision, group_size=32 if precision == "int4" else None)
-    with torch.no_grad():
-        rounded.lm_head.copy_(round_weight(rounded.lm_head, "int8"))
     prompt, follow = token_ids(SMALL_GPT, 2, 7), token_ids(SMALL_GPT, 2, 5, seed=6)
-    got = forced_logits(model, prompt, follow, precision)
-    want = forced_logits(rounded, prompt, follow, None)
-    far = forced_logits(model, prompt, follow, None)
-    error = float((got - want).abs().max() / want.abs().max())
-    assert error <= LOGITS_TOLERANCE["bf16"]                   # bf16 activations, nothing else
-    assert error < float((got - far).abs().max() / far.abs().max())
+    assert_rounding_is_all_that_changes(model_of("llama", seed=2), prompt, follow, precision)
 
 
 NEW_TOKENS = 32

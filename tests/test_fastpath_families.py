@@ -1,0 +1,113 @@
+"""llmcore.fastpath serves every family of chapter 11 (Llama 3's RoPE scaling, Qwen2's q/k/v biases,
+Qwen3's q/k norms and head_dim, Mistral's sliding window, SmolLM2's tied head) in every precision:
+in float32 the same step logits and greedy tokens as the teaching path (batch 1 and 16, with
+left padding, past the window), below it logits within test_fastpath_precision's stated
+tolerances of float32's, and int8/int4 equal to the teaching forward of the same rounded weights.
+Small random configs, each field a family's released diff."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmcore import generate
+from llmcore.fastpath import FastLlama, fast_model
+from llmcore.llama import Llama, LlamaConfig
+from llmcore.rope import RopeScaling
+from test_fastpath import assert_steps_equal_the_teaching_forward, mixed_lengths
+from test_fastpath_precision import (PRECISIONS, assert_near_float32,
+                                     assert_rounding_is_all_that_changes)
+from test_model import randomize, token_ids
+
+BASE = dict(vocab_size=64, max_seq_len=48, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
+            d_ff=96)
+"""Every matrix's d_out a multiple of 16 and d_in of 32 (PyTorch's CPU int4 kernel)."""
+
+FAMILIES = {
+    "llama": {},
+    "llama3.2": dict(rope_base=500000.0, tie_embeddings=True,     # some pairs kept, some slowed
+                     rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0, original_context=32)),
+    "qwen2.5": dict(qkv_bias=True, rope_base=1e6, tie_embeddings=True),
+    "qwen3": dict(qk_norm=True, head_dim=32, rope_base=1e6, tie_embeddings=True),  # 4 x 32 != 64
+    "mistral": dict(sliding_window=8),                            # shorter than most inputs
+    "smollm2": dict(rope_base=100000.0, tie_embeddings=True),
+}
+"""Each family as its diff from Llama (chapter 11's table), on one small base."""
+
+
+def family(name: str, seed: int = 1, std: float = 0.1, device="cpu") -> Llama:
+    """A small random model of one family: every parameter O(1) (biases and q/k norms too)."""
+    model = Llama(LlamaConfig(**BASE, **FAMILIES[name]))
+    return randomize(model, seed=seed, std=std).to(device).eval()
+
+
+def test_each_family_changes_the_function():
+    """Every diff matters on these inputs: a fast path that dropped one would fail below."""
+    prompt = token_ids(LlamaConfig(**BASE), 2, 20)
+    plain = family("llama")
+    with torch.no_grad():
+        base = plain(prompt)
+        for name in FAMILIES:
+            if name != "llama":
+                model = family(name)
+                if not model.config.qk_norm:   # same shapes: the diff alone changes logits
+                    model.load_state_dict(plain.state_dict(), strict=False)
+                assert (model(prompt) - base).abs().max() > 1e-3, name
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_step_logits_equal_the_teaching_forward(name, device):
+    model = family(name, seed=2, device=device)
+    fast = fast_model(model)
+    assert type(fast) is FastLlama
+    prompt = token_ids(model.config, 3, 11).to(device)     # past mistral's window of 8
+    assert_steps_equal_the_teaching_forward(model, fast, prompt, 24)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_greedy_tokens_equal_the_teaching_path_in_float32(name, b, device):
+    model = family(name, seed=3, device=device)
+    prompt = token_ids(model.config, b, 6, seed=b).to(device)
+    want = generate(model, prompt, 24)                    # 30 tokens: past the window
+    assert torch.equal(generate(model, prompt, 24, fast=True), want)
+    assert torch.equal(generate(model, prompt, 24, fast=True, precision="fp32"), want)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_left_padded_prompts_give_the_teaching_tokens(name, b, device):
+    model = family(name, seed=4, device=device)
+    prompt, mask = mixed_lengths(model.config, b, 12, device, seed=b)   # 12 > the window
+    want = generate(model, prompt, 16, attention_mask=mask)
+    assert torch.equal(generate(model, prompt, 16, attention_mask=mask, fast=True), want)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_logits_stay_near_float32_within_the_stated_tolerance(name, precision, b):
+    model = family(name, seed=5)
+    prompt = token_ids(model.config, b, 9, seed=b)
+    follow = token_ids(model.config, b, 6, seed=b + 1)
+    assert_near_float32(model, prompt, follow, precision, f"{name} b={b}")
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_quantized_logits_equal_the_teaching_forward_of_the_same_rounded_weights(name,
+                                                                                 precision):
+    model = family(name, seed=6)
+    prompt, follow = token_ids(model.config, 2, 10), token_ids(model.config, 2, 5, seed=6)
+    assert_rounding_is_all_that_changes(model, prompt, follow, precision)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_meta_device_generation_makes_nothing_on_the_cpu(name):
+    model = Llama(LlamaConfig(**BASE, **FAMILIES[name]), device="meta")
+    prompt = torch.zeros(3, 12, dtype=torch.long, device="meta")
+    mask = torch.ones(3, 12, dtype=torch.bool, device="meta")
+    for precision in (None, "bf16", "int8", "int4"):
+        out = generate(model, prompt, 4, attention_mask=mask, fast=True, precision=precision)
+        assert out.shape == (3, 16) and out.device.type == "meta"
