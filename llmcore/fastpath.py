@@ -477,6 +477,51 @@ def fast_model(model, *, compile: bool = False, batch_size: int = 1,
                     f"{type(model).__name__}")
 
 
+def weights_signature(model) -> tuple:
+    """What identifies the values of ``model``'s parameters without reading them: each one's
+    storage, version counter (every in-place write bumps it: a training step, ``copy_``,
+    ``load_state_dict``), dtype and device. Equal signatures: the same weights."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
+
+
+class FastModels:
+    """The fast path's preparations, each made once and kept here, by the caller, until
+    :meth:`clear`: one :class:`FastDecoder` per model, precision and batch size (a batch size
+    picks its kernels and their weights' layout: chapters 7 and 13).
+
+    ``generate(model, ids, t, fast=prepared, precision="w8a8")`` with ``prepared =
+    FastModels()`` prepares the weights on the first call and reuses them on the next ones
+    (``fast=True`` prepares them for its one call). A model whose parameters changed since
+    (:func:`weights_signature`) is prepared again, so no call reads stale weights. Nothing is
+    kept on the model; the prepared copies live as long as this object holds them.
+    ``preparations`` counts the :class:`FastDecoder` objects made. Chapters 7 and 13."""
+
+    def __init__(self, *, compile: bool = False, pack: bool | None = None):
+        self.options = dict(compile=compile, pack=pack)
+        self.kept: dict[tuple, tuple[tuple, FastDecoder]] = {}
+        self.preparations = 0
+
+    def get(self, model, *, precision: str | None = None, batch_size: int = 1) -> FastDecoder:
+        """The fast model of ``model`` in ``precision`` for ``batch_size`` rows: the kept one
+        if the model's weights are unchanged, else made now (:func:`fast_model`) and kept."""
+        key = (id(model), precision, batch_size)
+        signature = weights_signature(model)
+        kept = self.kept.get(key)
+        if kept is not None and kept[1].model is model and kept[0] == signature:
+            return kept[1]
+        fast = fast_model(model, batch_size=batch_size, precision=precision, **self.options)
+        self.kept[key] = (signature, fast)
+        self.preparations += 1
+        return fast
+
+    def clear(self) -> None:
+        """Drop every prepared model (their weights' memory goes with them)."""
+        self.kept.clear()
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+
 def prompt_masks(attention_mask: Tensor, capacity: int) -> tuple[Tensor, Tensor, Tensor]:
     """Left-padded prompts (b, n): key_valid (b, capacity), the prompt's mask (b, 1, n, n) and
     the positions (b, n), counting real tokens only as the teaching path does.

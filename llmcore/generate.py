@@ -18,7 +18,7 @@ from torch import Tensor
 from .batching import TokenList, pad_batch
 from .cache import Cache
 from .decode import Step, StepResult, check_request, collect, decode
-from .fastpath import FastDecoder, FastStep, fast_model
+from .fastpath import FastDecoder, FastModels, FastStep, fast_model
 from .kvcache import KVCache
 from .prefix import SharedPrefixCache
 from .sampling import token_picker
@@ -62,7 +62,7 @@ def make_step(model, prompt_ids: Tensor, max_new_tokens: int, *,
               use_cache: bool = True, cache: Cache | None = None,
               attention_mask: Tensor | None = None,
               backend: str = "explicit",
-              fast: bool | FastDecoder = False,
+              fast: bool | FastDecoder | FastModels = False,
               precision: str | None = None) -> Step:
     """The step that runs ``model`` for this request; the options are
     checked here and only here.
@@ -71,22 +71,27 @@ def make_step(model, prompt_ids: Tensor, max_new_tokens: int, *,
     attention_mask: (b, n) with 0 for left padding. The teaching step
     (:class:`TeachingStep`) fills ``cache`` (default: a contiguous
     KVCache), or re-runs the whole sequence with use_cache=False;
-    ``backend`` is its attention's. ``fast``: True (or a FastDecoder of
-    this model) gives the fast path's step (FastStep: its own static
-    cache and fused attention), its weights in ``precision`` (None, or
-    one of :data:`llmcore.lowbit.PRECISIONS`). Chapters 6, 7 and 13.
+    ``backend`` is its attention's. ``fast`` gives the fast path's step
+    (FastStep: its own static cache and fused attention), its weights in
+    ``precision`` (None, or one of :data:`llmcore.lowbit.PRECISIONS`):
+    True prepares them for this call, a FastModels you hold prepares
+    them once and keeps them, a FastDecoder of this model is them.
+    Chapters 6, 7 and 13.
     """
     b, _ = check_request(model, prompt_ids, max_new_tokens)
-    if precision is not None and fast is not True:
+    if precision is not None and (fast is False
+                                  or isinstance(fast, FastDecoder)):
         raise ValueError(f"precision={precision!r} chooses the fast "
-                         "path's weights: pass fast=True (a FastDecoder "
-                         "given as fast has its own)")
+                         "path's weights: pass fast=True or a FastModels "
+                         "(a FastDecoder given as fast has its own)")
     if fast is not False:
         if cache is not None or not use_cache or backend != "explicit":
             raise ValueError("fast=True brings its own cache and "
                              "attention: leave cache, use_cache and "
                              "backend at their defaults")
-        if fast is True:
+        if isinstance(fast, FastModels):
+            fast = fast.get(model, precision=precision, batch_size=b)
+        elif fast is True:
             fast = fast_model(model, batch_size=b, precision=precision)
         return FastStep(fast, model, prompt_ids, max_new_tokens,
                         attention_mask)

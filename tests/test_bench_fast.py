@@ -51,7 +51,7 @@ def test_reports_each_precision_against_fp32_and_its_own_bound(report):
             assert ratio(report, f"tiny batch {b}, fast {p} / fast fp32 tokens/s") > 0
     for p in fast.PRECISIONS:
         assert ratio(report, f"tiny {p} decode step time / its weight-read bound") > 0
-        assert re.search(rf"^  batch  1 +{p}: fast +\d+ ", report, re.M)
+        assert re.search(rf"^  batch  1 +{p}: fast +\d+ .* prepared once in \S+", report, re.M)
 
 
 def test_precision_rows_count_fewer_bytes_for_fewer_bits():

@@ -287,3 +287,38 @@ def test_w8a8_matmul_names_what_it_expected():
     want = w8a8_matmul(torch.ones(2, 8), packed) + torch.arange(16.0)
     torch.testing.assert_close(w8a8_matmul(torch.ones(2, 8), packed, torch.arange(16.0)), want,
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["w8a8", "int8", "bf16", None])
+def test_a_held_fast_models_prepares_each_model_and_precision_once(precision, monkeypatch):
+    """generate(fast=prepared, precision=...) prepares the weights on the first call only
+    (counted: FastDecoder objects made, and matrices prepared), gives fast=True's tokens, and
+    prepares again only for another precision or batch size, or weights that changed."""
+    from llmcore.fastpath import FastDecoder, FastModels
+    matrices = []
+    original = FastDecoder.prepare_matrix
+    monkeypatch.setattr(FastDecoder, "prepare_matrix",
+                        lambda self, *a, **k: matrices.append(1) or original(self, *a, **k))
+    model = model_of("llama", seed=7)
+    attributes = set(vars(model))
+    prompt = token_ids(SMALL_GPT, 2, 5)
+    want = generate(model, prompt, 6, fast=True, precision=precision)
+    made = len(matrices)
+    prepared = FastModels()
+    for _ in range(3):
+        assert torch.equal(generate(model, prompt, 6, fast=prepared, precision=precision), want)
+    assert prepared.preparations == 1 and len(prepared) == 1
+    assert len(matrices) == 2 * made                        # fast=True's, then the held one's
+    generate(model, prompt[:1], 6, fast=prepared, precision=precision)      # another batch size
+    generate(model, prompt, 6, fast=prepared, precision="fp32" if precision else "bf16")
+    assert prepared.preparations == 3
+    with torch.no_grad():
+        model.lm_head.mul_(-1.0)                            # an in-place edit: prepared again
+    edited = generate(model, prompt, 6, fast=prepared, precision=precision)
+    assert prepared.preparations == 4
+    assert torch.equal(edited, generate(model, prompt, 6, fast=True, precision=precision))
+    assert set(vars(model)) == attributes                   # nothing hung on the model
+    prepared.clear()
+    assert len(prepared) == 0
+    generate(model, prompt, 6, fast=prepared, precision=precision)
+    assert prepared.preparations == 5

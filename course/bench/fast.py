@@ -15,7 +15,9 @@
   activations to int8 too, as w8a8 does, so the int8 goals are w8a8's and weight-only int8's
   ratios are printed beside them; int4: no peer), and each decode step against its own
   weight-read bound. Tokens in fewer bits may differ from float32's:
-  the share of sequences that agree is printed, never required;
+  the share of sequences that agree is printed, never required. Each precision's weights are
+  prepared once per batch size (``llmcore.fastpath.FastModels``), as transformers' peers are
+  loaded and quantized once: the preparation time is printed apart from the generation's;
 * the tied output projection of one token read as the embedding (v, d) and from the fast path's
   transposed (d, v) copy, and what the copy costs;
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from llmcore.attention import attention
 from llmcore.checkpoint import save_gpt2
 from llmcore.device import describe_machine
-from llmcore.fastpath import FastDecoder, FastGPT, StaticCache, fast_model
+from llmcore.fastpath import FastDecoder, FastGPT, FastModels, StaticCache, fast_model
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache
 from llmcore.lowbit import PRECISIONS
@@ -300,11 +302,13 @@ def precision_peers(model: GPT, directory: str) -> tuple[dict, str]:
     from transformers import GPT2LMHeadModel
     bf16 = GPT2LMHeadModel.from_pretrained(directory, dtype=torch.bfloat16,
                                            attn_implementation="sdpa").eval()
+    start = time.perf_counter()
     int8, matrices = quantized_peer(fp32)
+    quantizing = time.perf_counter() - start
     return {"bf16": bf16, "int8": int8}, (
         f"{note}: bf16 = GPT2LMHeadModel loaded in bfloat16; int8 = quantize_dynamic "
         f"(qint8) of its {matrices} matrices (Conv1D given as nn.Linear, lm_head untied; "
-        f"torch deprecates this API)")
+        f"torch deprecates this API), prepared once in {format_seconds(quantizing)}")
 
 
 def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch: int = 1,
@@ -334,16 +338,22 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
     new = sizes.new_tokens
     out.write(f"\ngeneration by precision, {label}, greedy, {new} new tokens: fast path "
               f"(llmcore) and transformers in the same precision, tokens/s; 'agree' = "
-              f"sequences whose tokens equal the fp32 fast path's\n")
+              f"sequences whose tokens equal the fp32 fast path's; each precision's weights "
+              f"prepared once (llmcore.fastpath.FastModels), before and apart from the timed "
+              f"generation\n")
     for b in sizes.batches:
         ids, mask = mixed_prompts(model.config, b, sizes.prompt, seed=b)
         ids = ids.to(model.device)
         mask = None if mask is None else mask.to(model.device)
         ones = torch.ones_like(ids) if mask is None else mask
-        fasts = {p: fast_model(model, batch_size=b, precision=None if p == "fp32" else p)
-                 for p in PRECISIONS}
-        runs = {f"fast {p}": (lambda f=f: generate(model, ids, new, attention_mask=mask,
-                                                  fast=f)) for p, f in fasts.items()}
+        prepared, preparing = FastModels(), {}
+        for p in PRECISIONS:                     # each precision prepared once, timed apart
+            start = time.perf_counter()
+            prepared.get(model, precision=p, batch_size=b)
+            preparing[p] = time.perf_counter() - start
+        runs = {f"fast {p}": (lambda p=p: generate(model, ids, new, attention_mask=mask,
+                                                  fast=prepared, precision=p))
+                for p in PRECISIONS}
         for p, peer in peers.items():
             runs[f"transformers {p}"] = lambda peer=peer: peer.generate(
                 input_ids=ids, attention_mask=ones, max_new_tokens=new, min_new_tokens=new,
@@ -352,6 +362,10 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
             fn()                                                          # warm-up
         rounds = sizes.repeats * (3 if model.num_parameters() < 2e7 else 1)
         times, results = best_of(runs, rounds)
+        if prepared.preparations != len(PRECISIONS):
+            raise AssertionError(f"{label}, batch {b}: the fast path prepared its weights "
+                                 f"{prepared.preparations} times for {len(PRECISIONS)} "
+                                 "precisions")
         rate = {name: b * new / seconds for name, seconds in times.items()}
         want = results["fast fp32"]
         for p in PRECISIONS:
@@ -360,7 +374,8 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
             name = f"transformers {PEER_OF.get(p)}"
             peer = f"{rate[name]:>10.0f}" if name in rate else f"{'-':>10}"
             out.write(f"  batch {b:>2} {p:>5}: fast {rate[f'fast {p}']:>8.0f}  transformers "
-                      f"{peer}  agree {agree}/{b}\n")
+                      f"{peer}  agree {agree}/{b}  prepared once in "
+                      f"{format_seconds(preparing[p])}\n")
         for p, peer in PEER_OF.items():
             if peer in peers:
                 write_ratio(out, f"{label} batch {b}, fast {p} / transformers {peer} tokens/s",
@@ -371,7 +386,7 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
             goal = VS_FP32_AT_LEAST.get((p, b)) if label == "GPT-2 small" else None
             write_ratio(out, f"{label} batch {b}, fast {p} / fast fp32 tokens/s",
                         rate[f"fast {p}"] / rate["fast fp32"], at_least=goal, checked=checked)
-        del fasts
+        prepared.clear()
 
 
 def precision_bounds(out: TextIO, label: str, model: GPT, bandwidth: float, sizes: Sizes,
