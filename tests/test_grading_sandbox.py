@@ -691,6 +691,36 @@ def test_trusted_notebooks_can_be_graded_without_a_sandbox(tmp_path_factory):
     assert (row["status"], row["score"]) == ("graded", "12"), row
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (Linux /proc)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, up in parent.items() if up in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
 def _scores(course: Path, student: str) -> dict:
     return cell_scores(course / "gradebook.db", student, "01_matmul")
 
@@ -710,9 +740,16 @@ def test_a_grader_killed_mid_run_keeps_every_grade(tmp_path_factory):
     while not _graded_students(course / "gradebook.db") and time.monotonic() < deadline:
         time.sleep(0.2)
     first = _graded_students(course / "gradebook.db")
+    running = _descendants(grader.pid)     # the fork server, the next job, its sandboxed kernel
     grader.send_signal(signal.SIGKILL)
     grader.wait()
     assert first and len(first) < len(students), first
+    assert running, "the grader had no worker process while it graded"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(pid) for pid in running):
+        time.sleep(0.2)
+    left = {pid: _command(pid) for pid in running if _running(pid)}
+    assert not left, f"processes of the killed grader still run: {left}"
     scores = {s: _scores(course, s) for s in first}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr

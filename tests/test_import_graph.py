@@ -180,7 +180,8 @@ COURSE_LAYERS = {
     "running and judging": ["grading.executor", "grading.verdicts", "grading.judging",
                             "grading.profiling"],
     "nbgrader": ["grading.nbgrader_app", "grading.report"],
-    "audiences": ["grading.check", "grading.release", "grading.worker", "grading.grade",
+    "audiences": ["grading.check", "grading.release", "grading.worker", "grading.preload",
+                  "grading.workers", "grading.grade",
                   "grading.authoring"],
     "commands": ["grading", "grading.cli", "grading.__main__", "hub", "bench", "installed"],
 }

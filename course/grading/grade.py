@@ -22,13 +22,12 @@ course/grading/VERDICTS.md has the whole pipeline as a table.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import secrets
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,8 @@ from .nbgrader_app import (LogRecords, assignments_in, course_config, course_dir
 from .report import (GRADES_CSV, OUTCOME_FILE, REFUSED_LINK, UNKNOWN_ASSIGNMENT, GradeRow,
                      Outcome, Status, gradebook_rows, graded_pairs, record, write_grades)
 from .secret import SECRET_ENV
-from .worker import WORKER_COMMAND, Job, sandbox_settings
+from .worker import Job, sandbox_settings
+from .workers import ForkServer, WorkerStart, spawn_job
 
 if TYPE_CHECKING:                             # profiling imports nbconvert: only when asked
     from .profiling import Profile
@@ -64,6 +64,7 @@ class GradeOptions:
     verbose: bool = False                        # show nbgrader's warnings
     progress: bool = False                       # a progress bar (course/grading/progress.py)
     profile: bool = False                        # time each phase (course/grading/profiling.py)
+    worker_start: WorkerStart = "fork"           # each job's process: forked warm, or spawned
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
     """Step 2: grade each pair in a worker process, ``options.workers`` at a time, in scratch
     folders under ``scratch``; yields each job with its outcome as it finishes. With
     ``profile``, the solutions' records and the assignments' registration are timed there."""
-    from contextlib import nullcontext
+    nullcontext = contextlib.nullcontext
 
     from .judging import expected_records
     timed = (lambda phase: profile.time(phase)) if profile is not None \
@@ -189,8 +190,11 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
                              unsandboxed_trusted=trusted, feedback=options.feedback,
                              profile=options.profile))
             for i, (student, assignment) in enumerate(todo)]
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        running = [pool.submit(_run_worker, job) for job in jobs]
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(ForkServer(worker_environment())) \
+            if options.worker_start == "fork" else None
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(workers))
+        running = [pool.submit(_run_worker, job, server) for job in jobs]
         for future in concurrent.futures.as_completed(running):
             yield future.result()
 
@@ -340,38 +344,41 @@ def _copy_plain_files(source: Path, target: Path) -> list[str]:
     return links
 
 
-def _run_worker(job: Job) -> tuple[Job, Outcome]:
+def _run_worker(job: Job, server: ForkServer | None) -> tuple[Job, Outcome]:
+    """Grade ``job`` in a process of its own: forked by ``server``, or a new interpreter."""
     started = time.perf_counter()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
-    env["COURSE_VERDICTS_CACHE"] = job.verdict_cache     # shared: no worker reruns a solution
-    env[SECRET_ENV] = job.secret                         # the run's: workers judge alike
-    try:
-        done = subprocess.run([sys.executable, "-c", WORKER_COMMAND, str(job.job_file)],
-                              cwd=job.folder, env=env, capture_output=True, text=True,
-                              preexec_fn=_die_with_parent, timeout=3600)
-        if job.profile:
-            (Path(job.folder) / "worker-seconds").write_text(str(time.perf_counter() - started))
-        text = job.outcome_file.read_text() if job.outcome_file.is_file() else None
-        if text:
-            return job, Outcome.from_json(text)
-        reason = last_error_line(done.stderr or done.stdout or f"exit {done.returncode}")
-    except subprocess.TimeoutExpired:
+    env = worker_environment(job)
+    ended = server.run_job(job.job_file, env, timeout=WORKER_TIMEOUT) if server \
+        else spawn_job(job.job_file, env, timeout=WORKER_TIMEOUT)
+    if job.profile:
+        (Path(job.folder) / "worker-seconds").write_text(str(time.perf_counter() - started))
+    text = job.outcome_file.read_text() if job.outcome_file.is_file() else None
+    if text:
+        return job, Outcome.from_json(text)
+    if ended.returncode is None:
         reason = "the worker ran past an hour"
+    else:
+        reason = last_error_line(ended.output or f"exit {ended.returncode}")
     outcome = Outcome(job.student, job.assignment,
                       failure=f"the grader's worker failed: {reason}",
                       seconds=time.perf_counter() - started)
     return job, outcome
 
 
-def _die_with_parent() -> None:
-    """In a worker: get SIGKILL when the grader dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def worker_environment(job: Job | None = None) -> dict[str, str]:
+    """A worker's environment: the grader's, with the course importable (PYTHONPATH), and the
+    run's shared records and secret when there is a ``job``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
+    if job is not None:
+        env["COURSE_VERDICTS_CACHE"] = job.verdict_cache   # shared: no worker reruns a solution
+        env[SECRET_ENV] = job.secret                       # the run's: workers judge alike
+    return env
+
+
+WORKER_TIMEOUT = 3600
+"""Seconds a worker may take for one submission (its kernel has its own, shorter limits)."""
 
 
 def record_outcome(job: Job, outcome: Outcome, coursedir) -> None:
