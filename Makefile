@@ -72,13 +72,11 @@ book-instructor: $(VENV)/.installed-instructor book-cache
 
 # The execution cache keys a chapter on its own code only, but chapters run llmcore and the
 # figures: when either (or the shipped model) changes, every chapter must run again, so the cache
-# is dropped. The grader, the benchmarks and the tests are not part of the key.
+# is dropped (course/site.py: drop_stale_cache; the tests' build does the same). The grader, the
+# benchmarks and the tests are not part of the key.
+# (Its targets install the instructor profile first: it needs the course's Python.)
 book-cache:
-	@mkdir -p _build
-	@hash=$$(find llmcore course/figures -type f \( -name '*.py' -o -name '*.safetensors' -o -name '*.json' \) \
-	    -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16); \
-	  if [ "$$(cat _build/.llmcore-hash 2>/dev/null)" != "$$hash" ]; then \
-	    rm -rf _build/.jupyter_cache; echo "$$hash" > _build/.llmcore-hash; fi
+	@$(BIN)/python -m course.site drop-stale-cache
 
 # Two tiers (README, "Tests"): test-fast is the developer's loop (no grading, no book, no servers,
 # no installs: the tests not marked slow), test the whole house; both print their slowest tests.

@@ -14,7 +14,9 @@ cannot hide behind Sphinx's incremental build. It runs at most once per pytest p
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -152,10 +154,69 @@ class BuildResult:
                 if "WARNING" in line or "ERROR" in line or "CRITICAL" in line]
 
 
+# --------------------------------------------------------------------------------------------
+# The execution cache (jupyter-cache): keyed by myst-nb on each chapter's own code only
+
+EXECUTION_INPUTS = ("llmcore", "course/figures")
+"""What every chapter runs besides its own cells (code, the shipped model and its JSON)."""
+EXECUTION_KEY_FILE = BUILD_DIR / ".llmcore-hash"
+
+
+def execution_key(root: Path = ROOT) -> str:
+    """A hash of :data:`EXECUTION_INPUTS` (their .py, .safetensors and .json files, in path
+    order): a chapter's cached run is only as good as the llmcore it ran with."""
+    digest = hashlib.sha256()
+    files = [f for folder in EXECUTION_INPUTS for f in (root / folder).rglob("*")
+             if f.is_file() and f.suffix in (".py", ".safetensors", ".json")
+             and "__pycache__" not in f.parts]
+    for path in sorted(files, key=lambda f: f.relative_to(root).as_posix().encode()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_folder() -> Path:
+    return ROOT / book_config()["execute"]["cache"]
+
+
+def drop_stale_cache() -> bool:
+    """Drop the execution cache when llmcore or the figures changed since it was filled (then
+    every chapter runs again); True if it was dropped. ``make book`` and the tests' build call
+    it before building, so each cached run was made with the llmcore of EXECUTION_KEY_FILE."""
+    key = execution_key()
+    if EXECUTION_KEY_FILE.is_file() and EXECUTION_KEY_FILE.read_text().strip() == key:
+        return False
+    shutil.rmtree(cache_folder(), ignore_errors=True)
+    BUILD_DIR.mkdir(exist_ok=True)
+    EXECUTION_KEY_FILE.write_text(key + "\n")
+    return True
+
+
+def cached_run(docname: str):
+    """The notebook of ``docname`` as the book build executed it (a fresh kernel, top to bottom,
+    outputs included), from the execution cache, when the cache holds a run of its current code
+    made with the current llmcore; else None."""
+    if not EXECUTION_KEY_FILE.is_file() or \
+            EXECUTION_KEY_FILE.read_text().strip() != execution_key():
+        return None
+    import jupytext
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CachingError
+
+    cache = get_cache(str(cache_folder()))
+    try:
+        record = cache.match_cache_notebook(jupytext.read(source_of(docname)))
+    except (KeyError, CachingError):
+        return None
+    return cache.get_cache_bundle(record.pk).nb
+
+
 @functools.cache
 def build_book() -> BuildResult:
-    """Run the strict build once per process; the log also goes to _build/book-build.log."""
+    """Run the strict build once per process (after dropping a stale execution cache); the log
+    also goes to _build/book-build.log."""
     BUILD_DIR.mkdir(exist_ok=True)
+    drop_stale_cache()
     start = time.perf_counter()
     try:
         done = subprocess.run([tool("jupyter-book"), *STRICT_BUILD], cwd=ROOT, env=tool_env(),
@@ -296,7 +357,13 @@ def instructor_toc(toc_file: Path = TOC_FILE) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m course.site instructor-toc [OUT]``: write the instructor's table of
-    contents (default _build/_toc_instructor.yml) for ``jupyter-book build --toc OUT``."""
+    contents (default _build/_toc_instructor.yml) for ``jupyter-book build --toc OUT``.
+    ``python -m course.site drop-stale-cache``: drop the execution cache if llmcore changed."""
+    if argv == ["drop-stale-cache"]:
+        if drop_stale_cache():
+            print("llmcore or the figures changed: the execution cache is dropped "
+                  "(every chapter runs again)")
+        return 0
     if not argv or argv[0] != "instructor-toc" or len(argv) > 2:
         print(main.__doc__, file=sys.stderr)
         return 2

@@ -76,7 +76,9 @@ def _book_cache_survives(tmp_path: Path, edit: str) -> bool:
     work = tmp_path / edit.replace("/", "_")
     for name in ("llmcore", "course", "tests"):
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / "Makefile", work / "Makefile")
+    for name in ("Makefile", "_config.yml", "_toc.yml"):
+        shutil.copy2(ROOT / name, work / name)
+    (work / ".venv").symlink_to(sys.prefix)         # this Python (the course's) runs course.site
 
     def book_cache() -> None:
         subprocess.run(["make", "--no-print-directory", "book-cache"], cwd=work, check=True,

@@ -30,28 +30,59 @@ JUPYTEXT_VIEWER = "Jupytext Notebook"
 
 # ------------------------------------------------------------------ top to bottom, fresh kernel
 
+def _errors(notebook) -> list[str]:
+    return [f"{o.get('ename')}: {o.get('evalue')}" for c in notebook.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
 @pytest.mark.parametrize("docname", EXECUTED)
 def test_chapter_runs_top_to_bottom_in_a_fresh_kernel(docname):
+    """Where the book build has just run the chapter (its execution cache holds a run of this
+    very code, made with this llmcore: course/site.py cached_run), that run is checked: the
+    build runs each chapter top to bottom in a fresh kernel too. Otherwise it runs here."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     path = source_of(docname)
-    notebook = jupytext.read(path)
+    cached = book_site.cached_run(docname)
+    if cached is not None:
+        notebook, how = cached, "the book build's run (execution cache)"
+    else:
+        notebook = jupytext.read(path)
+        client = NotebookClient(notebook, timeout=cell_timeout_s(), kernel_name="python3",
+                                allow_errors=False,
+                                resources={"metadata": {"path": str(path.parent)}})
+        start = time.perf_counter()
+        try:
+            client.execute()
+        except CellTimeoutError as error:
+            pytest.fail(f"{docname}: a cell ran past the {cell_timeout_s()} s per-cell timeout: "
+                        f"{error}")
+        except CellExecutionError as error:
+            pytest.fail(f"{docname}: a cell failed when run top to bottom in a fresh kernel:\n"
+                        f"{error}")
+        how = f"run here in {time.perf_counter() - start:.1f} s"
     code_cells = [c for c in notebook.cells if c.cell_type == "code"]
-    client = NotebookClient(notebook, timeout=cell_timeout_s(), kernel_name="python3",
-                            allow_errors=False, resources={"metadata": {"path": str(path.parent)}})
-    start = time.perf_counter()
-    try:
-        client.execute()
-    except CellTimeoutError as error:
-        pytest.fail(f"{docname}: a cell ran past the {cell_timeout_s()} s per-cell timeout: {error}")
-    except CellExecutionError as error:
-        pytest.fail(f"{docname}: a cell failed when run top to bottom in a fresh kernel:\n{error}")
-    seconds = time.perf_counter() - start
     counts = [c.get("execution_count") for c in code_cells]
     assert counts == list(range(1, len(code_cells) + 1)), \
-        f"{docname}: not every code cell ran, in order (execution counts {counts})"
-    print(f"{docname}: {len(code_cells)} code cells in {seconds:.1f} s")
+        f"{docname}: not every code cell ran, in order (execution counts {counts}; {how})"
+    assert not _errors(notebook), f"{docname}: {_errors(notebook)} ({how})"
+    print(f"{docname}: {len(code_cells)} code cells, {how}")
+
+
+def test_a_cached_run_is_only_trusted_for_the_current_llmcore(tmp_path, monkeypatch):
+    """The key of the execution cache changes with any file of llmcore, and a key file that
+    does not match the current key makes every chapter run here again."""
+    for folder in book_site.EXECUTION_INPUTS:
+        (tmp_path / folder).mkdir(parents=True)
+    module = tmp_path / "llmcore" / "x.py"
+    module.write_text("a = 1\n")
+    before = book_site.execution_key(tmp_path)
+    module.write_text("a = 2\n")
+    assert book_site.execution_key(tmp_path) != before
+    monkeypatch.setattr(book_site, "EXECUTION_KEY_FILE", tmp_path / "stale-key")
+    (tmp_path / "stale-key").write_text(before + "\n")
+    assert book_site.cached_run(EXECUTED[0]) is None
 
 
 # ------------------------------------------------------------------------ JupyterLab + jupytext
