@@ -148,6 +148,52 @@ def projection(rate_per_min: float, cores_used: int, notebooks: int, per_noteboo
     ]
 
 
+COMPARE_STUDENTS, COMPARE_ROUNDS = 2, 2
+"""The worker-start comparison: this many honest students x every assignment, graded this many
+rounds in each way, the ways alternating (a shared machine's load falls on both)."""
+
+
+def compare_worker_start(out: TextIO, assignments: list[str], *, students: int, rounds: int,
+                         workers: int) -> None:
+    """Grade the same honest class in turn with a new interpreter per notebook (the grader's
+    start before issue 34: ``worker_start="spawn"``) and with processes forked from the warm
+    server (``"fork"``, the default); print each way's median rate and the ratio."""
+    from course.grading import grade
+    classroom = _classroom()
+    rates: dict[str, list[float]] = {"spawn": [], "fork": []}
+    notebooks = students * len(assignments)
+    for round_ in range(rounds):
+        for start in rates:
+            with tempfile.TemporaryDirectory(prefix="course-bench-start-") as folder:
+                course = classroom.new_course(Path(folder) / "course")
+                for i in range(students):
+                    for assignment in assignments:
+                        classroom.submit(course, f"s{i}", assignment,
+                                         classroom.submission(assignment, answered=True))
+                began: dict[str, float] = {}
+
+                def mark(message: str) -> None:
+                    if message.startswith("grading ") and "submission" in message:
+                        began.setdefault("submissions", time.perf_counter())
+
+                result = grade(course, gradebook=course / "gradebook.db", workers=workers,
+                               log=mark, worker_start=start)
+                seconds = time.perf_counter() - began["submissions"]
+                full = sum(r.score == r.max_score > 0 for r in result.rows)
+            if full != notebooks:
+                raise RuntimeError(f"worker start {start}: {full} of {notebooks} honest "
+                                   "notebooks kept full marks; the comparison is void")
+            rates[start].append(notebooks / seconds * 60)
+            print(f"[worker start] round {round_ + 1}, {start}: {notebooks} notebooks in "
+                  f"{seconds:.0f} s", file=sys.stderr, flush=True)
+    spawn, fork = (sorted(rates[k])[len(rates[k]) // 2] for k in ("spawn", "fork"))
+    out.write(f"worker start ({students} honest students x {len(assignments)} assignments = "
+              f"{notebooks} notebooks, {workers} workers, {rounds} rounds alternating, median): "
+              f"a new interpreter per notebook {spawn:.1f} notebooks/min, forked from the warm "
+              f"server {fork:.1f} notebooks/min: {fork / spawn:.2f}x\n")
+    out.flush()
+
+
 def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None = None,
         students: int | None = None, workers: int | None = None) -> None:
     """Grade a class and write the measurements to ``out`` (``device`` is unused: grading runs
@@ -170,6 +216,8 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
         assignments = assignments[:2]
     cores = usable_cores()
     workers = workers or cores
+    compare_worker_start(out, assignments, students=1 if quick else COMPARE_STUDENTS,
+                         rounds=1 if quick else COMPARE_ROUNDS, workers=workers)
     with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as folder:
         course = Path(folder) / "course"
         kinds = build_class(course, students, assignments)
