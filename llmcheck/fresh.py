@@ -4,28 +4,46 @@ A test cell's inputs are fixed (literals, seeded generators): a learner can read
 hidden ones reach the kernel with the cell. So when the trusted grader runs a test cell it first
 hands the kernel a **secret for that cell** (:func:`receive`, sent by the grader's executor just
 before the cell runs and withdrawn after it); :meth:`llmcheck.cases.Test.call` then runs each case a
-second time on a *twin* of its arguments, every floating-point tensor replaced by values drawn
-from the secret (same shape, dtype and device; same mean and spread, so "large logits" stay
-large). The instructor's solution runs with the same secret, so its twin records are the expected
-answers; answers memoised for the released inputs, or for inputs read from a test's source, earn
-nothing on the twin. Without a secret (the learner's own check, a chapter) there is no twin.
+second time on a *twin* of its arguments drawn from the secret. The instructor's solution runs with
+the same secret, so its twin records are the expected answers; answers memoised for the released
+inputs, or for inputs read from a test's source, earn nothing on the twin. Without a secret (the
+learner's own check, a chapter) there is no twin.
 
-Non-finite tensors (masks of 0 and -inf), constant ones (a norm's unit gain) and integer or
-boolean tensors are kept as they are; a model (an ``nn.Module``) is copied with fresh weights;
-other arguments (a cache) are deep-copied so the twin cannot disturb the case it follows. Cases
-whose function is a bound method or closes over its inputs (``inputs=``) have no twin: their
-state lives outside the arguments.
+What a twin redraws (:func:`twin`), each kind of value keeping its meaning:
+
+* a floating-point tensor: new values with the same shape, dtype, device, mean and spread (so
+  "large logits" stay large); its non-finite entries (a mask's ``-inf``) stay where they are and
+  only the finite ones are redrawn; a constant tensor (a norm's unit gain, a 0/-inf mask) is kept;
+* an integer tensor (token ids, codes, lengths, positions, indices): every entry drawn uniformly
+  between the tensor's own smallest and largest entry, so ids stay in the vocabulary and indices in
+  range; a boolean tensor is kept (a causal mask);
+* a list of integers (prompts, nested or not): the same, between its own smallest and largest;
+* a model (``nn.Module``): a copy with fresh weights; anything else (a cache, a store): a deep copy
+  taken **before** the case runs, so the twin starts from the state the case started from and
+  cannot disturb the cases that follow;
+* a bound method (``cache.append``): the method of a twin of its object;
+* a function given ``inputs=`` (a lambda or helper of the test cell that closes over its data):
+  the same code over twins of the data it reads (its globals and closure cells that are not
+  modules, functions or classes), the ``inputs`` redrawn first so the closure sees the same twins;
+* Python numbers, strings and tuples are kept (a ``dim``, a ``k``, a size): a case whose only
+  inputs are such values draws them with the test's own rule, ``fresh_inputs=lambda rng: args``
+  (``rng`` a NumPy generator seeded from the secret; the callable returns the twin's positional
+  arguments).
+
+A case with nothing to redraw (an allocator's bookkeeping, a property read) has no twin.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
+import types
+from typing import Callable, NamedTuple
 
 import torch
 
 from .record import TWIN_SUFFIX
-from .tree import fold
 
 _secret: bytes | None = None
 
@@ -41,58 +59,186 @@ def active() -> bool:
     return _secret is not None
 
 
+def _seed(cell: str, case: str) -> int:
+    digest = hashlib.sha256(_secret + f"\0{cell}\0{case}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 def _generator(cell: str, case: str) -> torch.Generator:
     """A CPU generator seeded by the cell's secret and the case (values are drawn on the CPU and
     moved to the argument's device, so every device draws the same)."""
-    digest = hashlib.sha256(_secret + f"\0{cell}\0{case}".encode()).digest()
     generator = torch.Generator(device="cpu")
-    generator.manual_seed(int.from_bytes(digest[:8], "little"))
+    generator.manual_seed(_seed(cell, case))
     return generator
 
 
 def _fresh_tensor(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """New values like ``t``'s: same shape, dtype, device, mean and spread (drawn on the CPU)."""
-    if t.device.type == "meta" or not t.dtype.is_floating_point or t.numel() == 0:
+    """New values like ``t``'s (see the module's docstring), or ``t`` itself when it keeps them."""
+    if t.device.type == "meta" or t.numel() == 0 or t.is_complex() or t.dtype == torch.bool:
         return t
+    if not t.dtype.is_floating_point:
+        return _fresh_integers(t, generator)
     values = t.detach().to("cpu", torch.float64)
-    if not torch.isfinite(values).all() or bool((values == values.flatten()[0]).all()):
+    finite = torch.isfinite(values)
+    kept = values[finite]
+    if kept.numel() == 0 or kept.numel() > 1 and bool((kept == kept[0]).all()):
         return t                   # a mask, or a constant (a norm's unit gain): keep its meaning
-    mean = float(values.mean())
-    spread = float(values.std()) if t.numel() > 1 else max(abs(mean), 1.0)
+    mean = float(kept.mean())
+    spread = float(kept.std()) if kept.numel() > 1 else max(abs(mean), 1.0)
     spread = spread if spread > 0 else 1.0
     drawn = torch.randn(t.shape, generator=generator, dtype=torch.float64) * spread + mean
+    drawn = torch.where(finite, drawn, values)             # -inf stays -inf, where it was
     fresh = drawn.to(dtype=t.dtype, device=t.device)
     return fresh.requires_grad_(t.requires_grad) if t.is_leaf else fresh
 
 
-def twin(cell: str, case: str, args: tuple, kwargs: dict):
-    """(args, kwargs) with every floating-point tensor drawn afresh from the cell's secret and
-    everything else deep-copied, or None when there is no secret or no tensor to redraw."""
+DRAWS = 8
+"""Draws a twin of integers makes until it differs from the original (a few values in a narrow
+range may come out the same: a memo keyed on them would then pass)."""
+
+
+def _fresh_integers(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    low, high = int(t.min()), int(t.max())
+    if low == high:
+        return t
+    original = t.detach().to("cpu", torch.int64)
+    for _ in range(DRAWS):
+        drawn = torch.randint(low, high + 1, t.shape, generator=generator, dtype=torch.int64)
+        if not torch.equal(drawn, original):
+            break
+    return drawn.to(dtype=t.dtype, device=t.device)
+
+
+def _int_leaves(value) -> list[int] | None:
+    """The integers of a (nested) list holding integers only, or None."""
+    if type(value) is list:
+        found = []
+        for item in value:
+            inner = _int_leaves(item) if type(item) is list else \
+                [item] if type(item) is int else None
+            if inner is None:
+                return None
+            found += inner
+        return found
+    return None
+
+
+def _fresh_int_list(value: list, low: int, high: int, generator: torch.Generator) -> list:
+    return [_fresh_int_list(item, low, high, generator) if type(item) is list
+            else int(torch.randint(low, high + 1, (), generator=generator)) for item in value]
+
+
+class Twin(NamedTuple):
+    """A case's twin: what to call, on what (and the inputs it closes over, for the digest)."""
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    inputs: object
+
+
+class _Drawer:
+    """One twin's draws, sharing one memo (object id -> its twin), so an object reached twice
+    (as an argument and inside a model, a store or a closure) has one twin."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+        self.memo: dict[int, object] = {}
+        self.redrawn = False
+
+    def leaf(self, value):
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        if isinstance(value, torch.Tensor):
+            drawn = _fresh_tensor(value, self.generator)
+            self.redrawn |= drawn is not value
+        elif isinstance(value, torch.nn.Module):             # a model: fresh weights
+            drawn = copy.deepcopy(value, self.memo)
+            with torch.no_grad():
+                for tensor in [*drawn.parameters(), *drawn.buffers()]:
+                    fresh = _fresh_tensor(tensor, self.generator)
+                    self.redrawn |= fresh is not tensor
+                    tensor.copy_(fresh)
+        else:
+            ints = _int_leaves(value)
+            if ints and min(ints) < max(ints):
+                for _ in range(DRAWS):
+                    drawn = _fresh_int_list(value, min(ints), max(ints), self.generator)
+                    if drawn != value:
+                        break
+                self.redrawn = True
+            else:
+                drawn = copy.deepcopy(value, self.memo)
+        self.memo[id(value)] = drawn
+        return drawn
+
+    def tree(self, value):
+        """A twin of a nested value: lists of integers drawn whole, other branches rebuilt."""
+        def walk(v):
+            if type(v) is list and _int_leaves(v):
+                return self.leaf(v)
+            if type(v) in (list, tuple):
+                return type(v)(walk(item) for item in v)
+            if type(v) is dict:
+                return {key: walk(item) for key, item in v.items()}
+            return self.leaf(v)
+
+        return walk(value)
+
+    def data(self, value) -> bool:
+        """Whether a global or closure value is data a twin redraws (not code, a class or a
+        module)."""
+        return not isinstance(value, (types.ModuleType, types.FunctionType, type,
+                                      types.BuiltinFunctionType, types.MethodType))
+
+    def function(self, fn: types.FunctionType) -> types.FunctionType:
+        """``fn``'s code over twins of the data it reads: its globals and closure cells."""
+        names: set[str] = set()
+        codes = [fn.__code__]
+        while codes:
+            code = codes.pop()
+            names.update(code.co_names)
+            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        namespace = fn.__globals__
+        twin_globals = dict(namespace)
+        for name in names:
+            if name in namespace and self.data(namespace[name]):
+                twin_globals[name] = self.leaf(namespace[name])
+        closure = None
+        if fn.__closure__:
+            closure = tuple(types.CellType(self.leaf(cell.cell_contents)
+                                           if self.data(cell.cell_contents)
+                                           else cell.cell_contents) for cell in fn.__closure__)
+        twin_fn = types.FunctionType(fn.__code__, twin_globals, fn.__name__, fn.__defaults__,
+                                     closure)
+        twin_fn.__kwdefaults__ = fn.__kwdefaults__
+        return twin_fn
+
+
+def twin(cell: str, case: str, fn: Callable, args: tuple, kwargs: dict, *, inputs=(),
+         draw: Callable | None = None) -> Twin | None:
+    """The case's twin drawn from the cell's secret (see the module's docstring), or None when
+    there is no secret or nothing to redraw. Call it before the case runs: objects are copied in
+    the state the case starts from. draw: the test's rule for its Python-number arguments."""
     if _secret is None:
         return None
-    generator = _generator(cell, case)
-    redrawn = [False]
-    memo: dict[int, object] = {}
+    drawer = _Drawer(_generator(cell, case))
+    twin_inputs = drawer.tree(inputs)
+    if draw is not None:
+        import numpy
+        drawn = draw(numpy.random.default_rng(_seed(cell, case + " [draw]")))
+        twin_args = tuple(drawn) if isinstance(drawn, (list, tuple)) else (drawn,)
+        drawer.redrawn = True
+    else:
+        twin_args = drawer.tree(tuple(args))
+    twin_kwargs = drawer.tree(dict(kwargs))
+    twin_fn = fn
+    if inspect.ismethod(fn) and not isinstance(fn.__self__, (type, types.ModuleType)):
+        twin_fn = types.MethodType(fn.__func__, drawer.leaf(fn.__self__))
+    elif isinstance(fn, types.FunctionType) and inputs != ():
+        twin_fn = drawer.function(fn)
+    if not drawer.redrawn:
+        return None
+    return Twin(twin_fn, twin_args, twin_kwargs, twin_inputs)
 
-    def leaf(value):
-        if isinstance(value, torch.Tensor):
-            if id(value) not in memo:
-                memo[id(value)] = _fresh_tensor(value, generator)
-                redrawn[0] |= memo[id(value)] is not value
-            return memo[id(value)]
-        if isinstance(value, torch.nn.Module):             # a model: fresh weights
-            twin_module = copy.deepcopy(value, memo)
-            with torch.no_grad():
-                for tensor in [*twin_module.parameters(), *twin_module.buffers()]:
-                    drawn = _fresh_tensor(tensor, generator)
-                    redrawn[0] |= drawn is not tensor
-                    tensor.copy_(drawn)
-            return twin_module
-        return copy.deepcopy(value, memo)
 
-    def rebuilt(container, items: list):
-        return dict(zip(container, items)) if isinstance(container, dict) else \
-            type(container)(items)
-
-    fresh_args, fresh_kwargs = fold((tuple(args), dict(kwargs)), leaf, rebuilt, exact=True)
-    return (fresh_args, fresh_kwargs) if redrawn[0] else None
+__all__ = ["TWIN_SUFFIX", "Twin", "active", "receive", "twin"]

@@ -4,8 +4,9 @@ A case's arguments, an aten op's arguments, a function's result: each is a tree 
 are lists, tuples and dicts and whose leaves are tensors, models (``nn.Module``) and anything
 else. :func:`fold` walks such a tree once, the same way for every use: the storages a call was
 given (``llmcheck.recorder.storages_of``), the tensors an op took or a call returned
-(:func:`tensors_in`), the inputs' digest (``llmcheck.cases.digest``) and the twin on fresh inputs
-(``llmcheck.fresh.twin``).
+(:func:`tensors_in`) and the inputs' digest (``llmcheck.cases.digest``). The twin on fresh inputs
+(``llmcheck.fresh.twin``) walks the same branches (exactly lists, tuples and dicts) but draws a list
+of integers whole, so it has its own walk.
 """
 
 from __future__ import annotations

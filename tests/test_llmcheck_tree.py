@@ -46,7 +46,7 @@ def test_the_twin_redraws_tensors_keeps_structure_and_copies_a_namedtuple(monkey
     try:
         kept = torch.full((2,), 0.5) + torch.arange(2.0)
         args, kwargs = (X, [Y, Y], Pair(kept, X)), {"d": {"y": Y}}
-        twin_args, twin_kwargs = fresh.twin("cell", "case", args, kwargs)
+        twin_args, twin_kwargs = fresh.twin("cell", "case", len, args, kwargs)[1:3]
     finally:
         fresh.receive(None)
     assert type(twin_args) is tuple and type(twin_args[1]) is list
