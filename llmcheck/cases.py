@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import inspect
 import json
 import re
 import sys
@@ -114,6 +113,13 @@ _CANARY_OPS = {
 }
 """A known call of each op a policy may forbid: the forbid canary commits it."""
 
+_CANARY_FUNCTIONS = {
+    "torch.cosine_similarity": lambda eye: torch.cosine_similarity(eye, eye),
+    "torch.logsumexp": lambda eye: torch.logsumexp(eye, 1),
+    "torch.quantile": lambda eye: torch.quantile(eye, 0.5),
+}
+"""A known call of the torch functions a policy may refuse (``policy.functions``)."""
+
 
 def _unseen(result, recorder: OpRecorder, given) -> bool:
     """Whether a returned tensor was neither given to the call nor made by an op the recorder saw
@@ -141,6 +147,13 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
     forbid_ok = refused == ("mm" in policy.ops)
     for op, attempt in _CANARY_OPS.items():
         if op in policy.ops and op != "mm":
+            try:
+                attempt(eye)
+                forbid_ok = False
+            except NotAllowedError:
+                pass
+    for name, attempt in _CANARY_FUNCTIONS.items():
+        if name in policy.functions:        # a refused helper must still be refused
             try:
                 attempt(eye)
                 forbid_ok = False
@@ -177,6 +190,14 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
     recorder.ops, recorder.products, recorder.flops = counted
     recorder.largest, recorder.largest_shape, recorder.largest_op = largest
     return result
+
+
+def _raiser(error: BaseException) -> Callable:
+    """A stand-in for a twin that could not be made: calling it raises why."""
+    def cannot_copy():
+        raise RuntimeError(f"the fresh-input twin of this case could not be made: "
+                           f"{type(error).__name__}: {error}") from error
+    return cannot_copy
 
 
 class Test:
@@ -235,20 +256,26 @@ class Test:
         more elements: work in tiles); any other keyword goes to ``fn``. When the grader handed
         over a secret (llmcheck/fresh.py), the case runs again on fresh inputs and publishes a
         second record; ``fresh_inputs=False`` opts a case out (its inputs must keep a structure
-        that random values would break).
+        that random values would break); ``fresh_inputs=lambda rng: (n, m)`` draws the twin's
+        positional arguments by the test's own rule (for Python numbers, which are kept).
         """
         options = {k: v for k, v in options_and_kwargs.items() if k in OPTIONS}
         kwargs = {**{k: v for k, v in options_and_kwargs.items() if k not in OPTIONS},
                   **(kwargs or {})}
         options.setdefault("rtol", 1e-5)
         options.setdefault("atol", 1e-6)
+        twin = None
+        if fresh_inputs:                  # drawn before the case runs: from the state it starts in
+            try:
+                twin = fresh.twin(self.cell, case, fn, args, kwargs, inputs=inputs,
+                                  draw=fresh_inputs if callable(fresh_inputs) else None)
+            except Exception as cannot:   # noqa: BLE001  (an object that cannot be copied)
+                twin = fresh.Twin(_raiser(cannot), (), {}, inputs)
         recorder, result, error = self._case(fn, args, kwargs, inputs, case, options)
-        if error is None and not recorder.violations and fresh_inputs and not inputs \
-                and not inspect.ismethod(fn):
-            twin = fresh.twin(self.cell, case, args, kwargs)
-            if twin is not None:                       # judged by the grader, not raised here
-                self._case(fn, *twin, (), case + fresh.TWIN_SUFFIX, options)
-                self.last = recorder
+        if error is None and not recorder.violations and twin is not None:
+            self._case(twin.fn, twin.args, twin.kwargs, twin.inputs, case + fresh.TWIN_SUFFIX,
+                       options)               # judged by the grader, not raised here
+            self.last = recorder
         if error is not None:
             raise error
         if recorder.violations:

@@ -15,17 +15,27 @@ BASICS = ("creation", "elementwise", "indexing", "reduction", "shape")
 """What every exercise's own code may reach: elementwise arithmetic, reductions, indexing, views,
 reshapes, creating and copying tensors."""
 
-PRODUCTS = (Allow(frozenset(BASICS)), "llmcore.dot", "llmcore.matmul", "llmcore.linear", "numpy")
-"""No library product at all: only elementwise arithmetic, reductions, indexing, views, reshapes,
-creating and copying tensors (``(a[:, :, None] * b[None]).sum(1)`` is fine; every product op,
-whatever reaches it: ``@``, matmul, einsum, F.linear, torch.sparse.mm, F.bilinear, a convolution,
-embedding_bag, is not), no llmcore dot/matmul/linear, no NumPy. For products written as loops."""
+PRODUCT_HELPERS = ("torch.cosine_similarity", "torch.nn.functional.cosine_similarity")
+"""torch's helpers that hand over a dot product made of elementwise ops and sums."""
 
-SOFTMAXES = (Allow(frozenset({*BASICS, "product", "normalization"})), "llmcore.softmax", "numpy")
+PRODUCTS = (Allow(frozenset(BASICS)), "llmcore.dot", "llmcore.matmul", "llmcore.linear",
+            *PRODUCT_HELPERS, "numpy")
+"""No library product at all: only elementwise arithmetic, reductions, indexing, views, reshapes,
+creating and copying tensors (``(a[:, :, None] * b[None]).sum(1)`` is fine, and so is
+``torch.outer``, a broadcast product; every product op, whatever reaches it: ``@``, matmul,
+einsum, F.linear, torch.sparse.mm, F.bilinear, a convolution, embedding_bag, is not, nor a cosine
+similarity, a dot product divided by the norms), no llmcore dot/matmul/linear, no NumPy. For
+products written as loops."""
+
+SOFTMAX_HELPERS = ("torch.logsumexp", "torch.Tensor.logsumexp", "torch.special.logsumexp")
+"""torch's helpers that hand over a stable softmax's normaliser (the shifted log of the sum)."""
+
+SOFTMAXES = (Allow(frozenset({*BASICS, "product", "normalization"})), "llmcore.softmax",
+             *SOFTMAX_HELPERS, "numpy")
 """No library softmax: the basic families and matrix products, no softmax op (torch.softmax,
 F.softmax, Tensor.softmax, nn.Softmax, log-softmax, the one inside fused attention) nor any other
-op outside them, no llmcore function with softmax in its name (the NumPy reference included), no
-NumPy."""
+op outside them, no logsumexp (the softmax's normaliser handed over), no llmcore function with
+softmax in its name (the NumPy reference included), no NumPy."""
 
 ORDINARY = (Allow(frozenset({*BASICS, "product", "softmax", "normalization"})),)
 """Every family an exercise's own code reaches, matrix products included (each one counted in
@@ -38,13 +48,14 @@ ATTENTIONS = (*ORDINARY, "llmcore.attention", "numpy")
 attention (F.scaled_dot_product_attention, nn.MultiheadAttention's fast path, ``_safe_softmax``)
 nor any other op outside them, no llmcore function with attention in its name, no NumPy."""
 
-AUTOGRAD = (*ORDINARY, "autograd", "llmcore.backward", "llmcore.jacobian", "numpy")
+AUTOGRAD = (*ORDINARY, "autograd", "traced", "llmcore.backward", "llmcore.jacobian", "numpy")
 """No library differentiation: the basic families, matrix products, softmax and normalization
 (a forward pass, even on tensors that require grad); no torch autograd (``"autograd"``: any op
 run by the backward engine, which torch.autograd.grad, Tensor.backward, torch.func.grad/vjp/jacrev
 and torch.autograd.functional all reach; any op under forward-mode AD, as in torch.func.jvp/jacfwd;
-any aten op named ``*_backward*``, such as ``_softmax_backward_data`` called directly), no
-llmcore backward function nor its softmax Jacobian, no NumPy."""
+any aten op named ``*_backward*``, such as ``_softmax_backward_data`` called directly; no op run
+by code torch.fx generated, as a gradient graph traced with make_fx before the call and replayed
+in it), no llmcore backward function nor its softmax Jacobian, no NumPy."""
 
 PAGING = (CodeOf("llmcore.block_allocator"), CodeOf("llmcore.paged"),
           CodeOf("llmcore.paged_batch"))
@@ -62,18 +73,24 @@ GENERATION = (*ORDINARY, "llmcore.generate", *DECODING)
 decoding code (the generate, decode, sampling and fast-path modules: their loops, steps and
 pickers), for exercise 4's generation loop; the ordinary families otherwise."""
 
+SAMPLING_HELPERS = ("torch.quantile", "torch.nanquantile", "torch.Tensor.quantile",
+                    "torch.Tensor.nanquantile")
+"""torch's helpers that hand over the k-th value as a threshold (a quantile of each row)."""
+
 SAMPLING = (Allow(frozenset({*BASICS, "softmax"})), "aten.topk", "aten.kthvalue",
-            "aten.multinomial", *DECODING, "numpy")
+            "aten.multinomial", *SAMPLING_HELPERS, *DECODING, "numpy")
 """No library sampling: the basic families and softmax (sorting and cumsum included); not
-torch.topk or torch.kthvalue (the k largest, or the k-th, handed over: sort instead), not
+torch.topk, torch.kthvalue or torch.quantile (the k largest, the k-th, or a threshold handed
+over: sort instead), not
 torch.multinomial (a draw by the library's own rule, which torch.distributions reaches too), no
 matrix product nor any other op outside those families, none of llmcore's decoding code (the
 generate, decode, sampling and fast-path modules), no NumPy. For exercise 9."""
 
 QUANTIZATION = (Allow(frozenset({*BASICS, "product"})), "llmcore.quantize", "llmcore.pack",
-                CodeOf("llmcore.quantize"), "numpy")
+                CodeOf("llmcore.quantize"), CodeOf("torch.ao.quantization.observer"), "numpy")
 """No library quantization: the basic families (round, clamp, abs, the bitwise &, | and the
 shifts are elementwise; ``.to(torch.int8)`` is creation) and matrix products; no torch
 quantization op (``torch.quantize_per_channel``, ``torch.ao``'s fake quantization, the packed
-int8/int4 matmul kernels: none is in those families), no llmcore function with quantize or pack
-in its name, nothing that llmcore.quantize defines, no NumPy. For exercise 10."""
+int8/int4 matmul kernels: none is in those families), none of torch.ao's observers (which compute
+the scales and zero points), no llmcore function with quantize or pack in its name, nothing that
+llmcore.quantize defines, no NumPy. For exercise 10."""

@@ -58,7 +58,11 @@ class Policy:
     allow: the op families a call may reach (None: every op not refused by name), the intersection
     of the policy's :class:`Allow` targets; words: llmcore function-name words (``"softmax"``);
     numpy: refuse NumPy and the conversions between tensors and arrays; codes: code objects of
-    Python callables (``Attention.forward``); hint: a sentence added to each refusal.
+    Python callables (``Attention.forward``); functions: torch's own API functions refused by
+    name (``"torch.logsumexp"``: a library helper whose aten ops the allowlist allows, seen by a
+    TorchFunctionMode whatever reference the learner's code holds); traced: refuse ops run by
+    code that torch.fx generated (a graph traced before the call and replayed in it); hint: a
+    sentence added to each refusal.
     """
 
     ops: frozenset[str] = frozenset()
@@ -70,6 +74,8 @@ class Policy:
     autograd: bool = False      # refuse autograd's work: backward engine, forward AD, *_backward*
     allow: frozenset[str] | None = None
     named: frozenset[str] = frozenset()
+    functions: tuple[str, ...] = ()
+    traced: bool = False
 
     @classmethod
     def of(cls, targets: Sequence, hint: str = "") -> "Policy":
@@ -77,11 +83,12 @@ class Policy:
         ``"autograd"``, :class:`Allow` lists (intersected), callables, :class:`CodeOf` modules
         (imported now)."""
         names = [t for t in targets if isinstance(t, str)]
-        unknown = [t for t in names if not (t.startswith(("aten.", "llmcore."))
-                                            or t in ("numpy", "autograd"))]
+        unknown = [t for t in names if not (t.startswith(("aten.", "llmcore.", "torch."))
+                                            or t in ("numpy", "autograd", "traced"))]
         if unknown:
-            raise ValueError(f"forbid: targets must be 'aten.OP', 'llmcore.WORD', 'numpy', "
-                             f"'autograd', Allow(...), CodeOf(...) or callables, got {unknown}")
+            raise ValueError(f"forbid: targets must be 'aten.OP', 'llmcore.WORD', 'torch.NAME', "
+                             f"'numpy', 'autograd', 'traced', Allow(...), CodeOf(...) or "
+                             f"callables, got {unknown}")
         allows = [t for t in targets if isinstance(t, Allow)]
         allow = frozenset.intersection(*(a.families for a in allows)) if allows else None
         callables = [t.resolve() if isinstance(t, CodeOf) else t
@@ -97,7 +104,9 @@ class Policy:
                    callables=tuple(getattr(c, "__qualname__", None) and
                                    f"{c.__module__}.{c.__qualname__}" or c.__name__
                                    for c in callables),
-                   hint=hint, autograd="autograd" in names, allow=allow)
+                   hint=hint, autograd="autograd" in names, allow=allow,
+                   functions=tuple(dict.fromkeys(t for t in names if t.startswith("torch."))),
+                   traced="traced" in names)
 
     def allows(self, func) -> bool:
         """Whether an aten op (OpOverload, packet or name) may run under this policy."""
@@ -113,6 +122,8 @@ class Policy:
         return {"ops": sorted(f"aten.{op}" for op in self.ops), "llmcore": list(self.words),
                 "numpy": self.numpy, "callables": list(self.callables),
                 **({"autograd": True} if self.autograd else {}),
+                **({"functions": list(self.functions)} if self.functions else {}),
+                **({"traced": True} if self.traced else {}),
                 **({"allow": sorted(self.allow)} if self.allow is not None else {})}
 
     def refusal(self, what: str) -> NotAllowedError:
@@ -162,11 +173,33 @@ def is_library_name(module: str, name: str, words: Sequence[str]) -> bool:
             and not name.startswith(("_", "check")) and any(word in name for word in words))
 
 
+TRACED_CODE = "<eval_with_key>"
+"""How the files of torch.fx's generated code begin (a GraphModule's forward: what make_fx
+traces and a replay runs)."""
+
+
+def resolve_function(name: str):
+    """torch's API function (or Tensor method) named ``name`` ("torch.special.logsumexp")."""
+    import importlib
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            value = getattr(value, attribute)
+        return value
+    raise ValueError(f"forbid: no function {name!r}")
+
+
 def forbidden_frame(policy: Policy, frame) -> str | None:
     """The outermost frame on the stack that runs forbidden code, as 'module.function'."""
     outermost = None
     while frame is not None:
         code = frame.f_code
+        if policy.traced and code.co_filename.startswith(TRACED_CODE):
+            return "a graph traced before the call and replayed in it (torch.fx's generated code)"
         module = frame.f_globals.get("__name__", "") or ""
         if code in policy.codes or (policy.words and (
                 is_library_name(module, code.co_name, policy.words) or

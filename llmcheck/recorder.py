@@ -31,13 +31,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .blocking import blocked
 from .families import FAMILIES, PRODUCT_OPS, SHORTCUT_OPS, SHORTCUTS, Allow, op_family
 from .policies import (ATTENTIONS, AUTOGRAD, BASICS, DECODING, GENERATION, ORDINARY, PAGING,
                        PRODUCTS, QUANTIZATION, SAMPLING, SOFTMAXES)
-from .policy import CodeOf, NotAllowedError, Policy, autograd_at_work, forbidden_frame
+from .policy import (CodeOf, NotAllowedError, Policy, autograd_at_work, forbidden_frame,
+                     resolve_function)
 from .tree import tensors_in
 
 __all__ = [
@@ -147,6 +149,9 @@ class OpRecorder(TorchDispatchMode):
         _warm_up()
         self.profile_hook = self._profile_hook if self.policy.codes else None
         self._outer_profile = []
+        self._helpers = []
+        self._guards = []
+        self.dispatching = 0        # > 0 while this recorder hands an op on (its guard sees it)
 
     def _profile_hook(self, frame, event, arg) -> None:
         """With forbidden callables: every Python call, torch ops or not (an allocator's
@@ -160,12 +165,21 @@ class OpRecorder(TorchDispatchMode):
         if self.profile_hook is not None:
             self._outer_profile.append(sys.getprofile())
             sys.setprofile(self.profile_hook)
+        if self.policy.functions:
+            self._helpers.append(HelperRefusal(self))
+            self._helpers[-1].__enter__()
+        self._guards.append(RecorderGuard(self))
+        self._guards[-1].__enter__()            # below the recorder on torch's mode stack
         return super().__enter__()
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         if self.profile_hook is not None:
             sys.setprofile(self._outer_profile.pop())
-        return super().__exit__(exc_type, exc_val, exc_tb)
+        if self.policy.functions:
+            self._helpers.pop().__exit__(exc_type, exc_val, exc_tb)
+        exited = super().__exit__(exc_type, exc_val, exc_tb)
+        self._guards.pop().__exit__(exc_type, exc_val, exc_tb)
+        return exited
 
     def refuse(self, what: str, error: NotAllowedError | None = None) -> NotAllowedError:
         error = error if error is not None else self.policy.refusal(what)
@@ -209,7 +223,7 @@ class OpRecorder(TorchDispatchMode):
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if tensor is not None and not tensor.untyped_storage().resizable():
                 raise self.refuse("a tensor on NumPy's (or another library's) memory")
-        if policy.words or policy.codes:
+        if policy.words or policy.codes or policy.traced:
             where = forbidden_frame(policy, sys._getframe(1))
             if where is not None:
                 raise self.refuse(where)
@@ -218,7 +232,11 @@ class OpRecorder(TorchDispatchMode):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
                                         tuple(_storage_pointer(t) for t in tensors), rows))
-        result = func(*args, **kwargs)
+        self.dispatching += 1
+        try:
+            result = func(*args, **kwargs)
+        finally:
+            self.dispatching -= 1
         results = tensors_in(result)
         for t in results:
             self.produced.add(_storage_pointer(t))
@@ -228,6 +246,57 @@ class OpRecorder(TorchDispatchMode):
                 self.largest, self.largest_shape = elements, tuple(t.shape)
                 self.largest_op = f"aten.{name}"
         return result
+
+
+class RecorderGuard(TorchDispatchMode):
+    """Pushed just below its recorder: every op the recorder hands on reaches it, so an op that
+    reaches it otherwise ran with the recorder taken off torch's mode stack (popped, then put
+    back): a violation. It also checks the op against the policy it was given, so a recorder
+    whose policy was swapped during the call is seen."""
+
+    def __init__(self, recorder: "OpRecorder"):
+        super().__init__()
+        self.recorder = recorder
+        self.policy = recorder.policy
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        recorder = self.recorder
+        name = func.overloadpacket.__name__
+        if not recorder.dispatching:
+            recorder.violations.append(
+                f"aten.{name} ran with the op recorder taken off torch's mode stack, so the test "
+                "could not see what it computed")
+        elif not self.policy.allows(func) and recorder.policy is not self.policy:
+            recorder.violations.append(f"aten.{name} ran under a policy other than the test's")
+        return func(*args, **(kwargs or {}))
+
+
+class HelperRefusal(TorchFunctionMode):
+    """Refuses the policy's torch API functions (``policy.functions``) by identity, at torch's
+    Python API, whatever reference the learner's code holds (``F.cosine_similarity`` kept in a
+    variable before the call is the same function): helpers whose aten ops the allowlist allows."""
+
+    def __init__(self, recorder: "OpRecorder"):
+        super().__init__()
+        self.recorder = recorder
+        self.refused = {}
+        for name in recorder.policy.functions:
+            self.refused.setdefault(resolve_function(name), name)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = self.refused.get(func) if _hashable(func) else None
+        if name is not None:
+            raise self.recorder.refuse(f"{name} (a library helper that does what this exercise "
+                                       "asks you to write)")
+        return func(*args, **(kwargs or {}))
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 _warm = False
