@@ -52,3 +52,9 @@ def records_of(outputs) -> list[dict]:
                 record = {"malformed": record[:100]}
         found.append(record if isinstance(record, dict) else {"malformed": str(record)[:100]})
     return found
+
+
+AUDIT_MIME = "application/vnd.llmcore.audit+json"
+"""MIME type of the kernel's audit reports (llmcheck/audit.py): the grader's executor takes each
+one out of the output stream as it arrives (course/grading/executor.py), so nothing the kernel
+does afterwards (a cleared output, an output widget) removes it."""

@@ -194,14 +194,15 @@ class's grade, authoring); the commands, the hub, the benchmarks and the install
 
 LLMCHECK_LAYERS = {
     "formats": ["record", "tree"],
-    "kernel state": ["fresh", "integrity", "scope"],
+    "kernel state": ["audit", "fresh", "integrity", "scope"],
     "op families and policies": ["families", "policy", "policies"],
     "recording": ["blocking", "recorder"],
     "test cases": ["cases"],
 }
 """Bottom to top: the record both sides read (no torch) and the walk over nested tensors; the
-cell's secret and the harness's state at start; the families of aten ops and the exercises'
-policies; the op recorder and NumPy's blocking; ``Test``, what a test cell calls."""
+kernel's audit hook, the cell's secret and the harness's state at start; the families of aten ops
+and the exercises' policies; the op recorder and NumPy's blocking; ``Test``, what a test cell
+calls."""
 
 LAYERED = {package: ({f"{package}.{name}": i for i, names in enumerate(layers.values())
                       for name in names}, layers, graph(PACKAGE.parent / package))

@@ -16,6 +16,7 @@ from typing import Callable
 
 from . import cells
 from .nbgrader_app import last_error_line, prepare_environment, find_config
+from .integrity import audit_evidence
 from .review import review_evidence
 from .verdicts import learner_sources, records_of, show_stderr_unscored
 
@@ -256,7 +257,7 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
             if message:
                 first = (cell.source.strip().splitlines() or ["(empty)"])[0][:60]
                 errors.append(f"cell {index} ({first}): {message}")
-    evidence = review_evidence(learner_sources(executed))
+    evidence = review_evidence(learner_sources(executed)) + audit_evidence(executed.cells)
     return CheckReport(path, tuple(tests), tuple(errors), tuple(altered), release,
                        tuple(evidence), solution)
 

@@ -5,7 +5,9 @@ there). Each kernel runs in the course's sandbox
 at most an output cap, each graded test cell gets its secret token just before it runs and runs
 in its own copy of the learner's namespace (llmcheck/scope.py: what it imports or assigns never
 replaces a learner's name), and the harness's state is asked for just after
-(course/grading/integrity.py). The executor's own code binds no name in the kernel
+(course/grading/integrity.py). The kernel's audit hook (llmcheck/audit.py, installed before any
+cell) sends its reports as they happen; they are taken out of the output stream here and kept in
+the cell's metadata, where the verdicts find them. The executor's own code binds no name in the kernel
 (:data:`HARNESS`).
 
 Its one address is ``course.grading.executor.BoundedExecute``: ``nbgrader_config.py`` names it
@@ -25,9 +27,9 @@ from jupyter_core.utils import run_sync
 from nbformat.v4 import new_output
 from traitlets import Integer, List, Unicode
 
-from llmcheck.record import MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
+from llmcheck.record import AUDIT_MIME, MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
 from .cells import execute_class, is_test
-from .integrity import HARNESS_CHANGES, HARNESS_METADATA
+from .integrity import AUDIT_METADATA, HARNESS_CHANGES, HARNESS_METADATA, MAX_AUDIT_REPORTS
 from .sandbox import SandboxedKernelManager
 from .secret import cell_token, run_secret
 
@@ -85,8 +87,10 @@ class BoundedExecute(execute_class()):
         code = ""
         for name in self.preload:
             code += f"{HARNESS}({name!r})\n"
-        # always, after the preloads and before any cell: the harness's state at start,
+        # always, after the preloads and before any cell: the audit hook (llmcheck/audit.py),
+        # whose reports leave the kernel as they happen, and the harness's state at start,
         # which the grader compares with after every test cell (llmcheck/integrity.py)
+        code += harness_call("llmcheck.audit", "install")
         code += f"{HARNESS}('llmcheck.integrity')\n"
         return code
 
@@ -108,6 +112,26 @@ class BoundedExecute(execute_class()):
         return run_secret() if os.environ.get("NBGRADER_EXECUTION") == "autograde" else ""
 
     def preprocess_cell(self, cell, resources, index):
+        cell.metadata.pop(AUDIT_METADATA, None)
+        cell, resources = self._preprocess_cell(cell, resources, index)
+        if self._audit.get(index):
+            cell.metadata[AUDIT_METADATA] = self._audit[index]
+        return cell, resources
+
+    def process_message(self, msg, cell, cell_index):
+        """The kernel's audit reports (llmcheck/audit.py) are taken out of the stream here, before
+        any output handling (a clear_output or an output widget cannot reach them), and kept for
+        the cell's metadata."""
+        content = msg.get("content", {})
+        if msg.get("msg_type") == "display_data" and isinstance(content.get("data"), dict) \
+                and AUDIT_MIME in content["data"]:
+            reports = self._audit.setdefault(cell_index, [])
+            if len(reports) < MAX_AUDIT_REPORTS:
+                reports.append(content["data"][AUDIT_MIME])
+            return None
+        return super().process_message(msg, cell, cell_index)
+
+    def _preprocess_cell(self, cell, resources, index):
         if not is_test(cell):
             return super().preprocess_cell(cell, resources, index)
         secret = self._secret()
@@ -151,6 +175,7 @@ class BoundedExecute(execute_class()):
         self._stderr_kept: set[int] = set()
         self._truncated: set[int] = set()
         self._records: dict[int, int] = {}
+        self._audit: dict[int, list] = {}
         return super().preprocess(nb, resources, km)
 
     def output(self, outs, msg, display_id, cell_index):

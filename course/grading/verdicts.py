@@ -251,8 +251,9 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
 
     from .review import review_evidence
     verdicts = {}
-    from .integrity import HARNESS_METADATA
+    from .integrity import HARNESS_METADATA, audit_evidence
     evidence = review_evidence(learner_sources(nb, instructor_tests))
+    evidence += audit_evidence(nb.cells)
     evidence += [f"the harness changed by the end of {cell.metadata.nbgrader.get('grade_id')}: "
                  + "; ".join(map(str, cell.metadata[HARNESS_METADATA][:3]))
                  for cell in test_cells(nb) if cell.metadata.get(HARNESS_METADATA)]

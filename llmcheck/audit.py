@@ -1,0 +1,141 @@
+"""The kernel's audit hook (PEP 578): what evasion needs, reported as it happens.
+
+The executor installs it when the kernel starts (:func:`install`, after the preloads and before
+any cell). Python offers no way to remove an audit hook, and each report leaves the kernel at
+once as a ``display_data`` message of MIME type :data:`llmcheck.record.AUDIT_MIME` sent on the
+kernel's output channel through the session captured at install; the grader's executor takes it
+out of the stream as it arrives and keeps it in the cell's metadata (course/grading/executor.py),
+so what the kernel does afterwards cannot take a report back. Each report is evidence for the
+instructor's review (course/grading/verdicts.py), never a lost point.
+
+What is reported (:data:`WATCHED`): frames (``sys._getframe``, ``sys._current_frames``, a
+frame, traceback or generator's frame attributes, a function's ``__code__``, ``__globals__``,
+``__closure__``), tracing and profiling hooks (``sys.settrace``, ``sys.setprofile``), another
+audit hook, the garbage collector's walks (``gc.get_objects``, ``get_referrers``,
+``get_referents``), ``ctypes``, ``exec`` and ``compile``, functions and code objects built by
+hand, and the first import of torch's dispatch or foreign-function modules. An event is
+reported only when the code that caused it is the learner's: the nearest frame outside a few
+reflection modules of the standard library (``inspect``, ``traceback``, ``ctypes``,
+``importlib``...) belongs to a notebook cell, so torch's, IPython's, the standard library's and the
+harness's own uses of the same primitives (a recorder's profile hook, a dataclass's ``exec``)
+are never reported. Each place is reported once, at most :data:`MAX_REPORTS` in all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .record import AUDIT_MIME
+
+WATCHED = frozenset({
+    "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.setprofile",
+    "sys.settrace", "sys.addaudithook", "gc.get_objects", "gc.get_referrers",
+    "gc.get_referents", "exec", "compile", "function.__new__", "code.__new__",
+    "object.__getattr__", "object.__setattr__", "object.__delattr__", "import"})
+"""Audit events reported (and every ``ctypes.*`` event)."""
+
+ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "f_back", "f_globals",
+                        "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame", "cr_frame",
+                        "ag_frame", "gi_code", "cr_code"})
+"""The attribute events (``object.__getattr__``...) reported: frames and a function's insides."""
+
+MODULES = ("torch.utils._python_dispatch", "torch._C", "torch._ops", "ctypes", "_ctypes", "cffi",
+           "gc", "IPython.core.events", "_testcapi", "_testinternalcapi")
+"""Imports reported (a module loaded for the first time: one already loaded raises no event, so
+the harness's own modules, which test cells import, are never among them)."""
+
+REFLECTION = frozenset({"inspect.py", "traceback.py", "threading.py", "runpy.py", "code.py",
+                        "codeop.py", "linecache.py"})
+REFLECTION_PACKAGES = ("ctypes", "importlib")
+"""Standard-library files and packages passed over when looking for who caused an event: they
+do it on their caller's behalf (``inspect.currentframe`` calls ``sys._getframe``)."""
+
+MAX_REPORTS = 50
+
+_installed = False
+
+
+def _stdlib() -> str:
+    import sysconfig
+    return sysconfig.get_paths()["stdlib"]
+
+
+def _reported(event: str, args: tuple) -> str | None:
+    """What to report of an event (a short detail), or None when it is not watched."""
+    if event.startswith("ctypes."):
+        return ""
+    if event not in WATCHED:
+        return None
+    if event.startswith("object."):
+        name = args[1] if len(args) > 1 else ""
+        return f"{type(args[0]).__name__}.{name}" if name in ATTRIBUTES else None
+    if event == "import":
+        name = str(args[0]) if args else ""
+        return name if name.startswith(MODULES) else None
+    return ""
+
+
+def install() -> bool:
+    """Install the hook in this kernel (once); False outside an IPython kernel."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+        kernel = shell.kernel
+        send, session, socket = kernel.session.send, kernel.session, kernel.iopub_socket
+        get_parent = kernel.get_parent
+        cell_prefix = os.path.dirname(shell.compile.get_code_name("", "", 0)) + os.sep
+    except Exception:                                       # noqa: BLE001  (not a kernel)
+        return False
+    del session
+    stdlib = _stdlib()
+    getframe, getline = sys._getframe, __import__("linecache").getline
+    busy, seen = [False], set()
+
+    def learners(frame) -> tuple[str, int, str] | None:
+        """(file, line, function) of the learner's code that caused the event, or None."""
+        for _ in range(12):
+            if frame is None:
+                return None
+            filename = frame.f_code.co_filename
+            if filename.startswith(stdlib) and (
+                    os.path.basename(filename) in REFLECTION
+                    or filename[len(stdlib):].lstrip(os.sep).startswith(REFLECTION_PACKAGES)):
+                frame = frame.f_back
+                continue
+            if filename.startswith(cell_prefix) or \
+                    filename.startswith("<") and not filename.startswith("<frozen"):
+                return filename, frame.f_lineno, frame.f_code.co_name
+            return None
+        return None
+
+    def hook(event, args):
+        if busy[0] or (event not in WATCHED and not event.startswith("ctypes.")):
+            return
+        busy[0] = True
+        try:
+            detail = _reported(event, args)
+            if detail is None or len(seen) >= MAX_REPORTS:
+                return
+            where = learners(getframe(1))
+            if where is None or (event, detail, where) in seen:
+                return
+            seen.add((event, detail, where))
+            filename, line, function = where
+            text = getline(filename, line).strip()[:200]
+            report = {"event": event, "detail": detail, "line": line, "function": function,
+                      "source": text}
+            send(socket, "display_data",
+                 {"data": {AUDIT_MIME: report, "text/plain": ""}, "metadata": {},
+                  "transient": {}}, parent=get_parent())
+        except Exception:                                   # noqa: BLE001  (never break a call)
+            pass
+        finally:
+            busy[0] = False
+
+    sys.addaudithook(hook)
+    _installed = True
+    return True
