@@ -465,3 +465,4 @@ def matmul(a, b):
     return product.clone()''')}),
 ]
 from cheats_ops import OP_CHEATS; CHEATS += OP_CHEATS  # noqa: E402,E702  (issue 20: allowlists, storage)
+from cheats_evasion import EVASION_CHEATS; CHEATS += EVASION_CHEATS  # noqa: E402,E702  (issue 31: evasions)

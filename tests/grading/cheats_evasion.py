@@ -1,0 +1,264 @@
+"""Evasions written against the harness after the fair grader (issue 31), as real submissions.
+
+Same form as tests/grading/cheats.py, whose CHEATS list these join (graded between honest
+students in tests/test_grading_verdicts.py). One group per class of the issue, each closed,
+detected or marked for review:
+
+- answers memoised where no twin used to exist (integer, boolean and shape arguments; a bound
+  method's state; a lambda over ``inputs=``): every case now has fresh inputs (llmcheck/fresh.py),
+  so the memo misses on the twin ("[fresh inputs]");
+- the recorder taken off torch's mode stack (popped and put back, reached by names built from
+  strings): its guard sees the op ("taken off torch's mode stack");
+- library helpers made of allowed ops (a cosine similarity for a dot product, logsumexp for a
+  softmax): refused by name at torch's Python API ("a library helper");
+- the harness reached through frames, profile hooks or ``exec`` written so that the syntax-tree
+  screen does not see them (names built from strings, an alias of ``exec``): the kernel's audit
+  hook (llmcheck/audit.py) reports them ("audit hook saw"), so the run marks them for review.
+"""
+
+from __future__ import annotations
+
+from cheats import DOT_AND_MATMUL, LIBRARY_MATMUL, MATMUL_CELLS, Cheat
+from mutants import ATTENTION, KV_CACHE, MATMUL, Replace, Source
+
+BATCHING = "05_batching"
+FRESH = "[fresh inputs]"
+OFF_STACK = "taken off torch's mode stack"
+HELPER = "a library helper"
+
+ATTENTION_INLINE_MASK = {"attention": Source('''
+def attention(q, k, v, causal=False):
+    """The solution's attention with its mask written inline (it never calls causal_mask)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n, m = q.shape[-2], k.shape[-2]
+        allowed = torch.arange(m) <= torch.arange(n).unsqueeze(-1) + (m - n)
+        scores = scores.masked_fill(~allowed.to(q.device), float("-inf"))
+    return softmax_rows(scores) @ v
+''')}
+
+MEMO_CHEATS = [
+    Cheat("memo_mask_sizes", ATTENTION,
+          "causal_mask answers the released sizes, (3, 3) and the four the hidden test's comment "
+          "used to list, from a table made with llmcore's causal_mask before any test runs, and "
+          "any other size top-left aligned (honest, top-left always: 10); attention writes its "
+          "mask inline",
+          score=10, failing=frozenset({"test_causal_mask", "test_causal_mask_hidden"}),
+          honest=10, reasons={"test_causal_mask": FRESH},
+          edits={**ATTENTION_INLINE_MASK, "causal_mask": Source('''
+import llmcore
+
+_TABLE = {size: llmcore.causal_mask(*size) for size in [(3, 3), (2, 4), (1, 5), (3, 7), (4, 4)]}
+
+def causal_mask(n, m):
+    known = _TABLE.get((n, m))
+    if known is not None:
+        return known.clone()
+    return torch.ones(n, m, dtype=torch.bool).tril()
+''')}),
+    Cheat("memo_batch_lengths", BATCHING,
+          "batch_mask and position_ids answer the lengths the tests' comments used to list from "
+          "tables made before any test runs, and placeholders otherwise (honest, placeholders "
+          "always: 9); batched_logits builds its mask and positions inline",
+          score=9, failing=frozenset({"test_batch_mask", "test_batch_mask_hidden",
+                                      "test_position_ids", "test_position_ids_hidden"}),
+          honest=9, reasons={"test_batch_mask": FRESH, "test_position_ids": FRESH},
+          edits={"batch_mask": Source('''
+_MASKS, _POSITIONS = {}, {}
+for _lengths, _n in [([3, 1, 2], 3), ([2, 5, 1, 4], 5), ([2, 3], 6), ([4], 4)]:
+    _columns = torch.arange(_n)
+    _real = _columns < torch.tensor(_lengths).unsqueeze(-1)
+    _MASKS[(tuple(_lengths), _n)] = (_columns <= _columns.unsqueeze(-1)) & _real.unsqueeze(1)
+    _POSITIONS[(tuple(_lengths), _n)] = torch.where(_real, _columns, 0)
+
+def batch_mask(lengths, n):
+    known = _MASKS.get((tuple(lengths.tolist()), n))
+    if known is not None:
+        return known.clone()
+    return torch.zeros(len(lengths), n, n, dtype=torch.bool)
+'''), "position_ids": Source('''
+def position_ids(lengths, n):
+    known = _POSITIONS.get((tuple(lengths.tolist()), n))
+    if known is not None:
+        return known.clone()
+    return torch.full((len(lengths), n), -1, dtype=torch.long)
+'''), "batched_logits": Source('''
+def batched_logits(model, prompts):
+    tokens, lengths = pad_right(prompts)
+    b, n = tokens.shape
+    columns = torch.arange(n)
+    real = columns < lengths.unsqueeze(-1)
+    mask = (columns <= columns.unsqueeze(-1)) & real.unsqueeze(1)
+    logits = forward_with(model, tokens, torch.where(real, columns, 0), mask)
+    return logits[torch.arange(b), lengths - 1]
+''')}),
+    Cheat("memo_decode_rows", KV_CACHE,
+          "decode_step answers the visible and hidden tests' rows (their layers rebuilt from the "
+          "setup cell and the hidden test's seed) from a table made with llmcore's attention "
+          "before any test runs, keyed on the row's values, and zeros otherwise (honest, zeros "
+          "always: 3); the cases run through a lambda with inputs=, which used to have no twin",
+          score=3, failing=frozenset({"test_decode_step", "test_decode_step_hidden",
+                                      "test_generate_cached", "test_generate_cached_hidden"}),
+          honest=3, reasons={"test_decode_step": FRESH, "test_decode_step_hidden": FRESH},
+          edits={"decode_step": Source('''
+import numpy as np
+from llmcore.model import Attention
+from llmcore.testing import randn
+
+_ANSWERS = {}
+
+def _remember(layer, x, n_heads):
+    with torch.no_grad():
+        rows = llmcore.multihead_attention_qkv(x, layer.w_qkv, layer.w_o, n_heads=n_heads,
+                                               b_qkv=layer.b_qkv, b_o=layer.b_o, causal=True)
+    for t in range(x.shape[0]):
+        _ANSWERS[tuple(x[t].tolist())] = rows[t:t + 1].clone()
+
+_rng = np.random.default_rng(8)
+_remember(model.blocks[0].attention, randn(_rng, 5, config.d_model, dtype=torch.float64),
+          config.n_heads)
+_rng = np.random.default_rng(42)
+_layer = Attention(GPTConfig(vocab_size=8, max_seq_len=32, d_model=16, n_heads=4, n_layers=1),
+                   dtype=torch.float64)
+with torch.no_grad():
+    for _p in _layer.parameters():
+        _p.copy_(0.3 * randn(_rng, *_p.shape, dtype=torch.float64))
+    _x = randn(_rng, 20, 16, dtype=torch.float64)
+_remember(_layer, _x, 4)
+
+def decode_step(layer, x_new, cache):
+    q, k, v = llmcore.qkv_projection(x_new, layer.w_qkv, layer.b_qkv, n_heads=layer.n_heads)
+    cache.append(k, v)
+    known = _ANSWERS.get(tuple(x_new[0].tolist()))
+    return known.clone() if known is not None else torch.zeros_like(x_new)
+''')}),
+]
+
+POP_CHEATS = [
+    Cheat("pops_recorder_by_strings", MATMUL,
+          "matmul computes a @ b inside torch's _pop_mode_temporarily (reached by names built "
+          "from strings, so the syntax-tree screen sees nothing) and returns product * 1, an op "
+          "the recorder sees (honest: 7)",
+          score=7, failing=MATMUL_CELLS, honest=7,
+          reasons={"test_matmul": OFF_STACK, "test_matmul_hidden": OFF_STACK},
+          edits={"matmul": Replace(LIBRARY_MATMUL, '''dispatch = getattr(getattr(torch, "utils"), "_python" + "_dispatch")
+    with getattr(dispatch, "_pop_mode" + "_temporarily")():
+        product = a @ b
+    return product * 1''')}),
+    Cheat("pops_dispatch_stack_by_strings", MATMUL,
+          "dot pops the top of torch's dispatch stack through torch._C's own functions (names "
+          "built from strings), takes the product, pushes the mode back and returns a clone "
+          "(honest, dot returning 0: 4)",
+          score=4, failing=DOT_AND_MATMUL, honest=4,
+          reasons={"test_dot": OFF_STACK, "test_dot_hidden": OFF_STACK},
+          edits={"dot": Source('''
+_native = getattr(torch, "_" + "C")
+
+def dot(a, b):
+    mode = getattr(_native, "_pop_torch" + "_dispatch_stack")()
+    try:
+        result = a @ b
+    finally:
+        getattr(_native, "_push_on_torch" + "_dispatch_stack")(mode)
+    return result.clone()
+''')}),
+]
+
+HELPER_CHEATS = [
+    Cheat("cosine_dot", MATMUL,
+          "dot by F.cosine_similarity times the two norms, the helper taken before the call "
+          "(honest, dot returning 0: 4): a product made of elementwise ops and sums",
+          score=4, failing=DOT_AND_MATMUL, honest=4,
+          reasons={"test_dot": HELPER, "test_dot_hidden": HELPER},
+          edits={"dot": Source('''
+import torch.nn.functional as F
+
+_cosine = F.cosine_similarity
+
+def dot(a, b):
+    return _cosine(a, b, dim=0) * a.norm() * b.norm()
+''')}),
+    Cheat("logsumexp_softmax", ATTENTION,
+          "softmax_rows as exp(x - logsumexp(x)) (honest, torch.softmax: 8; attention may use "
+          "any softmax, so its cells pass either way)",
+          score=8, failing=frozenset({"test_softmax", "test_softmax_large_hidden",
+                                      "test_softmax_masked_hidden"}), honest=8,
+          reasons={"test_softmax": HELPER},
+          edits={"softmax_rows": Source('''
+def softmax_rows(x):
+    norm = torch.logsumexp(x, dim=-1, keepdim=True)
+    norm = torch.where(torch.isinf(norm), torch.zeros_like(norm), norm)
+    return torch.exp(x - norm)
+''')}),
+]
+
+AUDIT_CHEATS = [
+    Cheat("frames_swap_policy", MATMUL,
+          "dot walks the frames (sys._getframe reached by a name built from strings) to the "
+          "harness's recorder, swaps its policy for an empty one around a @ b, then puts back "
+          "its counters and empties its violations (honest, dot returning 0: 4): the records "
+          "cannot tell; the audit hook reports the frame access",
+          score=12, failing=frozenset(), honest=4, review="audit hook saw sys._getframe",
+          edits={"dot": Source('''
+import sys
+
+def _the_recorder():
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        found = getattr(frame, "f_" + "locals").get("recorder")
+        if found is not None and hasattr(found, "violations"):
+            return found
+        frame = getattr(frame, "f_" + "back")
+    return None
+
+def dot(a, b):
+    recorder = _the_recorder()
+    if recorder is None:
+        return (a * b).sum()
+    policy, ops = recorder.policy, recorder.ops.copy()
+    products, flops = recorder.products, recorder.flops
+    recorder.policy = type(policy)()
+    try:
+        result = a @ b
+    finally:
+        recorder.policy = policy
+    recorder.ops, recorder.products, recorder.flops = ops, products, flops
+    del recorder.violations[:]
+    return result
+''')}),
+    Cheat("profile_off_by_strings", KV_CACHE,
+          "generate_cached switches the profile hook off (sys.setprofile reached by a name built "
+          "from strings) and hands the work to llmcore.generate (honest: 8): the library's "
+          "frames are still seen at every op, and the audit hook reports the switch",
+          score=8, failing=frozenset({"test_generate_cached", "test_generate_cached_hidden"}),
+          honest=8, review="audit hook saw sys.setprofile",
+          reasons={"test_generate_cached": "was used"},
+          edits={"generate_cached": Source('''
+import sys
+import llmcore
+
+def generate_cached(model, prompt, max_new_tokens):
+    getattr(sys, "set" + "profile")(None)
+    ids = torch.tensor([list(prompt)])
+    return llmcore.generate(model, ids, max_new_tokens, use_cache=True)[0].tolist()
+''')}),
+    Cheat("aliased_exec", ATTENTION,
+          "softmax_rows defined by source text run through an alias of exec (the screen looks "
+          "for calls of exec by name): the solution's own softmax, full marks as honest work, "
+          "and the audit hook reports the exec",
+          score=13, failing=frozenset(), honest=13, review="audit hook saw exec",
+          edits={"softmax_rows": Source('''
+run = exec
+run("""
+def softmax_rows(x):
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    exps = torch.exp(x - top)
+    total = exps.sum(dim=-1, keepdim=True)
+    return exps / torch.where(total == 0, torch.ones_like(total), total)
+""")
+''')}),
+]
+
+EVASION_CHEATS = MEMO_CHEATS + POP_CHEATS + HELPER_CHEATS + AUDIT_CHEATS
+"""Appended to cheats.CHEATS (graded in tests/test_grading_verdicts.py's one cheat run)."""
