@@ -38,10 +38,11 @@ from torch import Tensor
 
 from .layout import check_attention_mask
 from .llama import Llama
-from .lowbit import (FORMATS, bytes_of, format_of, pack, packed_linear, packed_linear_available,
+from .lowbit import (bytes_of, format_of, pack, packed_linear, packed_linear_available,
                      plain_linear)
 from .masks import causal_mask, sliding_window_mask
 from .model import GPT
+from .quantize import round_weight
 from .rope import rope_tables, rotate_half
 from .storage import storage_bytes
 
@@ -97,7 +98,9 @@ class FastDecoder:
     ``addmm``, which costs less per call. ``pack`` (True or False) overrides that rule; packing
     needs oneDNN and is never used with ``compile`` or an integer format. "bf16", "int8",
     "w8a8", "int4": this object holds its own copies of the matrices in that format (its row
-    of :data:`llmcore.lowbit.FORMATS`), made here from
+    of :data:`llmcore.lowbit.FORMATS` for this batch size, :func:`llmcore.lowbit.format_of`:
+    on the CPU a large batch of "bf16", "int8" or "int4" gets :func:`llmcore.lowbit.dense`,
+    the rounded weights in float32), made here from
     the weights of this moment; ``dtype`` is the matrices' activations and the KV cache's
     dtype (bfloat16; float32 for w8a8, whose kernel rounds float32 activations itself), and
     ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
@@ -107,9 +110,10 @@ class FastDecoder:
 
     def __init__(self, model, *, compile: bool = False, batch_size: int = 1,
                  precision: str | None = None, pack: bool | None = None):
-        self.format = format_of(precision, model.device)     # its row of the formats' table
+        # its row of the formats' table, for this batch size (the kernel per batch size)
+        self.format = format_of(precision, model.device, batch_size)
         self.head_format = (self.format if self.format.head is None
-                            else FORMATS[self.format.head])
+                            else format_of(self.format.head, model.device, batch_size))
         c = model.config
         self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
@@ -144,6 +148,8 @@ class FastDecoder:
         w = weight.detach()
         if fmt.prepare is not None:
             return fmt.prepare(w, self.dtype)
+        if fmt.rounding is not None:                  # a weight-only precision, dense
+            w = round_weight(w, fmt.rounding)
         w = w.to(self.dtype)
         return pack(w, self.batch_size) if self.packed else w
 

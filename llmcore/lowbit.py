@@ -19,6 +19,13 @@ and scales as "int8" but rounds the activations too, each row (token) to its own
 and multiplies integers by integers (fbgemm's int8 GEMM, the kernel under PyTorch's dynamic
 quantization; a CPU instruction such as AVX-512 VNNI does 64 int8 multiply-adds at once).
 
+The kernel is picked per batch size (:func:`format_of`): on the CPU, from a row's
+``dense_from`` batch size on, the weight-only precisions ("bf16" from 2 rows, "int8" and "int4"
+from 8) run :func:`dense`, their rounded weights dequantized once into float32 and multiplied
+in float32, since their kernels widen every weight for every block of rows and fall behind
+float32's own at large batches (the measurements are at :data:`BF16_DENSE_FROM_BATCH` and
+:data:`INT_DENSE_FROM_BATCH`); the benchmark prints each setting's kernel.
+
 The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
 the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
 prepacked product (:func:`pack`, :func:`packed_linear`). The fast decoder
@@ -35,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .quantize import (INT4_GROUP_SIZE, INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8,
-                       unpack_int4)
+                       round_weight, unpack_int4)
 
 INT4_KERNEL_COLUMNS = 16
 """PyTorch's CPU int4 kernel packs output columns in groups of 16: d_out must be a multiple."""
@@ -246,7 +253,10 @@ class Format(NamedTuple):
     :func:`packed_linear`); head: the precision of the output projection, None for this one;
     available(device) -> whether the kernel runs there, and kernel: its name, for the message
     that refuses it; own: the model's tensors serve as they are when they already have dtype
-    (else every tensor is copied, the norms to float32)."""
+    (else every tensor is copied, the norms to float32); dense_from: the batch size from which
+    this weight-only precision runs on the CPU as :func:`dense` does (None: never); rounding:
+    the precision whose rounding (:func:`llmcore.quantize.round_weight`) the weights get before
+    they are cast to dtype (None: none)."""
 
     dtype: torch.dtype | None
     prepare: Callable[[Tensor, torch.dtype], object] | None = None
@@ -255,18 +265,51 @@ class Format(NamedTuple):
     available: Callable[[torch.device], bool] = everywhere
     kernel: str = "torch.addmm (or oneDNN's packed product)"
     own: bool = False
+    dense_from: int | None = None
+    rounding: str | None = None
+
+
+BF16_DENSE_FROM_BATCH = 2
+"""From this batch size on, "bf16" runs on the CPU as :func:`dense`: on a CPU without bfloat16
+arithmetic (no AVX512-BF16 or AMX, as the course's Intel machine) oneDNN widens every weight
+for every product, and a decode step of GPT-2 small with bfloat16 weights ran at 0.66x
+float32's speed at batch 4 and 0.56x at batch 16 (1.28x at batch 1, where reading half the
+bytes wins; one thread, oneDNN held to AVX512_CORE_VNNI, on a busy 2-core machine:
+indicative). A CPU with bfloat16 arithmetic would gain from bfloat16 at every batch size."""
+
+INT_DENSE_FROM_BATCH = 8
+"""From this batch size on, "int8" and "int4" (weight-only) run on the CPU as :func:`dense`:
+PyTorch's weight-only kernels turn every code into a number for every block of rows, so the
+gain of reading 1 or 0.5 bytes a weight shrinks as the rows grow (GPT-2 small's decode step,
+one thread: int8 at 1.81x, 1.59x and 0.93x float32's speed at batch 1, 4 and 16; int4 at
+2.51x, 1.90x, 0.95x). Indicative, as :data:`BF16_DENSE_FROM_BATCH`; the crossing lies
+between 4 and 16."""
+
+
+def dense(precision: str) -> Format:
+    """How a weight-only precision serves large batches on the CPU ("dequantized once"): its
+    matrices rounded as ``precision`` rounds them (:func:`llmcore.quantize.round_weight`: the
+    bf16 values, int8 per column, int4 per group of :data:`INT4_GROUP_SIZE`) and kept in
+    float32, the activations, the KV cache and every product in float32 (``torch.addmm`` or
+    oneDNN's packed kernel, as "fp32"), its head rounded as the precision's head. The same
+    weights as the precision's kernel at batch 1, float32 arithmetic on them, float32's speed
+    and bytes. Chapter 13."""
+    fmt = FORMATS[precision]
+    return Format(torch.float32, head=fmt.head, rounding=precision,
+                  kernel=f"float32 products on {precision}-rounded weights (dequantized once)")
 
 
 FORMATS = {
     "fp32": Format(torch.float32, own=True),
-    "bf16": Format(torch.bfloat16),
+    "bf16": Format(torch.bfloat16, dense_from=BF16_DENSE_FROM_BATCH),
     "int8": Format(torch.bfloat16, int8_linear, _int8_linear,
-                   kernel="PyTorch's weight-only int8 kernel"),
+                   kernel="PyTorch's weight-only int8 kernel", dense_from=INT_DENSE_FROM_BATCH),
     "w8a8": Format(torch.float32, w8a8_linear, _w8a8_linear,
                    available=w8a8_available,
                    kernel="PyTorch's int8 x int8 CPU kernel (fbgemm)"),
     "int4": Format(torch.bfloat16, int4_linear, _int4_linear, head="int8",
-                   available=int4_available, kernel="PyTorch's CPU int4 kernel"),
+                   available=int4_available, kernel="PyTorch's CPU int4 kernel",
+                   dense_from=INT_DENSE_FROM_BATCH),
 }
 """Every precision of the fast path, one row each (see the module's docstring)."""
 
@@ -277,9 +320,11 @@ NATIVE = Format(None, own=True)
 """precision=None: the model's own tensors, in its own dtype."""
 
 
-def format_of(precision: str | None, device: torch.device) -> Format:
+def format_of(precision: str | None, device: torch.device, batch_size: int = 1) -> Format:
     """The row of :data:`FORMATS` for ``precision`` (:data:`NATIVE` for None), refused with what
-    was expected if it is unknown or its kernel does not run on ``device``. Chapter 13."""
+    was expected if it is unknown or its kernel does not run on ``device``; on the CPU, from
+    the row's ``dense_from`` batch size on, the precision's :func:`dense` form (the kernel per
+    batch size). Chapter 13."""
     if precision is None:
         return NATIVE
     if precision not in FORMATS:
@@ -290,4 +335,6 @@ def format_of(precision: str | None, device: torch.device) -> Format:
                    f"{torch.backends.quantized.supported_engines}" if precision == "w8a8" else "")
         raise ValueError(f"precision={precision!r} uses {fmt.kernel}; the model is on "
                          f"{device}{engines}")
+    if device.type == "cpu" and fmt.dense_from is not None and batch_size >= fmt.dense_from:
+        return dense(precision)
     return fmt

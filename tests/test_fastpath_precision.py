@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llmcore import generate
-from llmcore.fastpath import FastStep, fast_model
+from llmcore.fastpath import FastModels, FastStep, fast_model
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.model import GPT, GPTConfig
 from llmcore.pretrained import load_pretrained
@@ -170,10 +170,14 @@ def test_a_padded_batch_decodes_as_each_sequence_alone(kind, precision):
     g = torch.Generator().manual_seed(4)
     rows = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (7, 3, 5, 1)]
     prompts, mask = left_padded(rows)
-    batched = generate(model, prompts, 10, attention_mask=mask, fast=True, precision=precision)
+    prepared = FastModels()          # the batch's kernels for each sequence alone too
+    batched = generate(model, prompts, 10, attention_mask=mask, fast=prepared,
+                       precision=precision)
+    fast = prepared.get(model, precision=precision, batch_size=len(rows))
     for i, row in enumerate(rows):
-        alone = generate(model, torch.tensor([row]), 10, fast=True, precision=precision)
+        alone = generate(model, torch.tensor([row]), 10, fast=fast)
         assert torch.equal(batched[i, -10:], alone[0, -10:]), f"sequence {i}"
+    assert prepared.preparations == 1
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -294,7 +298,7 @@ def test_a_held_fast_models_prepares_each_model_and_precision_once(precision, mo
     """generate(fast=prepared, precision=...) prepares the weights on the first call only
     (counted: FastDecoder objects made, and matrices prepared), gives fast=True's tokens, and
     prepares again only for another precision or batch size, or weights that changed."""
-    from llmcore.fastpath import FastDecoder, FastModels
+    from llmcore.fastpath import FastDecoder
     matrices = []
     original = FastDecoder.prepare_matrix
     monkeypatch.setattr(FastDecoder, "prepare_matrix",
@@ -322,3 +326,41 @@ def test_a_held_fast_models_prepares_each_model_and_precision_once(precision, mo
     assert len(prepared) == 0
     generate(model, prompt, 6, fast=prepared, precision=precision)
     assert prepared.preparations == 5
+
+
+def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic():
+    """On the CPU a weight-only precision serves large batches dense (its rounded weights in
+    float32, float32 products: lowbit.dense); w8a8 and fp32 never change; nor does any
+    precision on another device."""
+    from llmcore.lowbit import (BF16_DENSE_FROM_BATCH, FORMATS, INT_DENSE_FROM_BATCH,
+                                format_of)
+    cpu, meta = torch.device("cpu"), torch.device("meta")
+    starts = {"bf16": BF16_DENSE_FROM_BATCH, "int8": INT_DENSE_FROM_BATCH,
+              "int4": INT_DENSE_FROM_BATCH}
+    for precision, start in starts.items():
+        assert format_of(precision, cpu, start - 1) is FORMATS[precision]
+        fmt = format_of(precision, cpu, start)
+        assert (fmt.dtype, fmt.rounding, fmt.prepare) == (torch.float32, precision, None)
+        assert "dequantized once" in fmt.kernel
+        assert format_of(precision, meta, 16) is FORMATS[precision]
+    for precision in ("fp32", "w8a8"):
+        assert format_of(precision, cpu, 64) is FORMATS[precision]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
+def test_a_dense_batch_is_float32_arithmetic_on_the_rounded_weights(precision):
+    """At a large batch the precision's logits equal the float32 teaching forward of the
+    model with its matrices rounded as the precision rounds them (head too: int8 for int4's),
+    to float32's tolerance: the arithmetic the benchmark states."""
+    from llmcore.lowbit import INT_DENSE_FROM_BATCH
+    model = model_of("llama", seed=8)
+    rounded = fake_quantize(model, precision)
+    with torch.no_grad():
+        rounded.lm_head.copy_(round_weight(rounded.lm_head,
+                                           "int8" if precision == "int4" else precision))
+    b = INT_DENSE_FROM_BATCH
+    prompt, follow = token_ids(SMALL_GPT, b, 7), token_ids(SMALL_GPT, b, 5, seed=9)
+    got = forced_logits(model, prompt, follow, precision)
+    torch.testing.assert_close(got, forced_logits(rounded, prompt, follow, None),
+                               rtol=1e-4, atol=1e-4)
+    assert relative_error(got, forced_logits(model, prompt, follow, None)) > 0
