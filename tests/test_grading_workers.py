@@ -107,3 +107,25 @@ def test_a_spawned_worker_reports_a_broken_job(tmp_path):
     path = job_file(tmp_path / "broken")
     ended = spawn_job(path, {**ENV, "PATH": os.path.dirname(sys.executable)}, timeout=120)
     assert ended.returncode not in (0, None) and "TypeError" in ended.output, ended
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_solution_failing_its_own_tests_stops_the_run_with_its_name(tmp_path, start):
+    """The solutions' records are computed before any submission (in forked processes, or in
+    the grader): a solution that fails its own test cell stops the run, named, either way."""
+    import nbformat
+    from classroom import new_course, submission, submit
+    from course.grading import grade
+
+    course = new_course(tmp_path / "course")
+    source = course / "solutions" / "01_matmul" / "matmul.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "dot"]
+    assert "total = total + a[i] * b[i]" in cell.source
+    cell.source = cell.source.replace("total = total + a[i] * b[i]", "total = total + a[i]")
+    nbformat.write(nb, str(source))
+    submit(course, "learner", "01_matmul", submission("01_matmul", answered=True))
+    with pytest.raises(RuntimeError, match=r"matmul\.ipynb fails its own test cell test_dot"):
+        grade(course, gradebook=course / "gradebook.db", workers=2, worker_start=start,
+              feedback=False)
+    assert not (course / "autograded").exists(), "no submission is graded against a bad solution"

@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import pickle
 import secrets
 import shutil
 import statistics
@@ -162,11 +163,8 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
     """Step 2: grade each pair in a worker process, ``options.workers`` at a time, in scratch
     folders under ``scratch``; yields each job with its outcome as it finishes. With
     ``profile``, the solutions' records and the assignments' registration are timed there."""
-    nullcontext = contextlib.nullcontext
-
-    from .judging import expected_records
     timed = (lambda phase: profile.time(phase)) if profile is not None \
-        else (lambda phase: nullcontext())
+        else (lambda phase: contextlib.nullcontext())
 
     course = Path(coursedir.root)
     config_path = str(options.config_file) if options.config_file else _config_path(course)
@@ -175,29 +173,63 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
     verdict_cache = scratch / "verdicts"      # the solutions' records, run once per run
     secret = secrets.token_hex(32)            # this run's fresh inputs (secret.py)
     template_config = course_config(course, gradebook=template, config_file=config_path)
-    for assignment in sorted({a for _, a in todo}):
+    assignments = sorted({a for _, a in todo})
+    for assignment in assignments:
         with timed("nbgrader: the assignments registered (grader)"):
             _register(template_config, assignment)
-        for source in sorted((course / coursedir.source_directory / assignment).glob("*.ipynb")):
-            with timed("the solutions' records, once per assignment (grader)"):
-                expected_records(source, config, verdict_cache / assignment, secret)
+    sources = [(assignment, source) for assignment in assignments for source in
+               sorted((course / coursedir.source_directory / assignment).glob("*.ipynb"))]
     workers = _workers(options)
-    say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
-    jobs = [_prepare_job(scratch / f"job{i}", coursedir, template, student, assignment,
-                         Job(student, assignment, folder="", root="", config_file=config_path,
-                             secret=secret, verdict_cache=str(verdict_cache),
-                             timeout=options.timeout, notebook_timeout=options.notebook_timeout,
-                             unsandboxed_trusted=trusted, feedback=options.feedback,
-                             profile=options.profile))
-            for i, (student, assignment) in enumerate(todo)]
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(ForkServer(worker_environment())) \
             if options.worker_start == "fork" else None
+        with timed(f"the solutions' records, once per assignment, {workers} at a time (grader)"):
+            solution_records(sources, config, verdict_cache, secret, server, workers, scratch)
+        say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
+        jobs = [_prepare_job(scratch / f"job{i}", coursedir, template, student, assignment,
+                             Job(student, assignment, folder="", root="",
+                                 config_file=config_path, secret=secret,
+                                 verdict_cache=str(verdict_cache), timeout=options.timeout,
+                                 notebook_timeout=options.notebook_timeout,
+                                 unsandboxed_trusted=trusted, feedback=options.feedback,
+                                 profile=options.profile))
+                for i, (student, assignment) in enumerate(todo)]
         pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(workers))
         running = [pool.submit(_run_worker, job, server) for job in jobs]
         for future in concurrent.futures.as_completed(running):
             yield future.result()
 
+
+def solution_records(sources: list[tuple[str, Path]], config, cache: Path, secret: str,
+                     server: ForkServer | None, workers: int, scratch: Path) -> None:
+    """Run each (assignment, solution notebook) once with its tests (the records every
+    submission of the assignment is judged against: course/grading/judging.py) into
+    ``cache/<assignment>``, where the workers look for them: ``workers`` at a
+    time in processes forked by ``server``, or one after another in this process without one.
+    Raises RuntimeError, naming the solution, when one fails its own tests."""
+    from .judging import RECORDS_ERROR, expected_records    # nbconvert: only when grading
+    if server is None:
+        for assignment, source in sources:
+            expected_records(source, config, cache / assignment, secret)
+        return
+
+    def run_one(index: int, assignment: str, source: Path) -> None:
+        job = scratch / "records" / f"{index}" / "records.pickle"
+        job.parent.mkdir(parents=True)
+        job.write_bytes(pickle.dumps((str(source), config, str(cache / assignment), secret)))
+        ended = server.run_job(job, worker_environment(), timeout=WORKER_TIMEOUT,
+                               target="course.grading.judging:records_job")
+        error = job.with_name(job.name + RECORDS_ERROR)
+        if error.is_file():
+            raise RuntimeError(error.read_text())
+        if ended.returncode != 0:
+            how = "past the timeout" if ended.returncode is None else f"exit {ended.returncode}"
+            raise RuntimeError(f"the solution {source} could not be run for its records "
+                               f"({how}): {last_error_line(ended.output or 'no output')}")
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for done in [pool.submit(run_one, i, *pair) for i, pair in enumerate(sources)]:
+            done.result()
 
 def _workers(options: GradeOptions) -> int:
     return max(1, options.workers or os.cpu_count() or 1)

@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import pickle
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -107,6 +108,25 @@ def expected_records(source: Path, config, cache_dir: Path | None,
             json.dump({"version": CACHE_VERSION, "records": records}, f)
         os.replace(f.name, cached)
     return records
+
+
+RECORDS_ERROR = ".error"
+"""Beside a records job's file: why the solution failed (the message of expected_records)."""
+
+
+def records_job(job_file: str) -> int:
+    """A forked process of the grader (course/grading/workers.py) computing one solution's
+    records into the run's cache: ``job_file`` is the grader's pickle of ``(source, config,
+    cache_dir, secret)``. A solution that fails its own tests leaves the reason in
+    ``job_file + RECORDS_ERROR`` and exits 1."""
+    with open(job_file, "rb") as f:
+        source, config, cache_dir, secret = pickle.load(f)     # written by the grader itself
+    try:
+        expected_records(Path(source), config, Path(cache_dir), secret)
+    except RuntimeError as error:
+        Path(job_file + RECORDS_ERROR).write_text(str(error))
+        return 1
+    return 0
 
 
 def _run_solution(source: Path, config, secret: str) -> dict[str, list[dict]]:
