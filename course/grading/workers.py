@@ -195,7 +195,7 @@ def serve() -> None:
 def _job_process(job_file: str, env: dict[str, str], log: str, target: str) -> None:
     """In a forked job: output to the job's log, no input, the grader's environment and the
     job's folder, killed with the server; then ``target`` (the worker's main, as ``python -c
-    WORKER_COMMAND`` runs it). Never returns: its SystemExit ends the forked interpreter."""
+    WORKER_COMMAND`` runs it). Never returns (:func:`_leave`)."""
     try:
         descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(descriptor, 1)
@@ -211,13 +211,30 @@ def _job_process(job_file: str, env: dict[str, str], log: str, target: str) -> N
         import importlib
         module, function = target.split(":")
         code = getattr(importlib.import_module(module), function)(job_file)
-    except SystemExit:
-        raise
+    except SystemExit as stop:               # as the interpreter treats it: a message means 1
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
     except BaseException:
         import traceback
         traceback.print_exc()
         code = 1
-    sys.exit(code)       # unwinds out of serve(): the interpreter exits as after ``python -c``
+    _leave(code if isinstance(code, int) else 0)
+
+
+def _leave(code: int) -> None:
+    """End a forked job as ``multiprocessing`` ends its forked children: the log handlers and
+    the standard streams flushed, then ``os._exit``. A normal interpreter exit would take down
+    every module the server preloaded, touching the whole inherited heap (about a second a
+    job); the job's own clean-up (its kernel, sandbox, cgroup and scratch files) is done by
+    then, in ``finally`` blocks and context managers, not at exit."""
+    import logging
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def die_with_parent() -> None:
