@@ -186,7 +186,8 @@ class FastDecoder:
         to the sliding window (``config.sliding_window``, Mistral: the band of
         :func:`llmcore.masks.sliding_window_mask`) when several queries reach past it; one
         query needs no band, :meth:`attend` reads only its window's keys. Several queries
-        after a past get the bottom-right causal mask SDPA's is_causal does not draw."""
+        after a past get the bottom-right causal mask SDPA's is_causal does not draw.
+        Chapters 7 and 11."""
         end = start + n
         window = self.window
         if n == 1 or (start == 0 and (window is None or end <= window)):
@@ -435,7 +436,8 @@ class FastLlama(FastDecoder):
 
     def head_norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """Qwen3's RMSNorm of every head: x (b, k, n, d_head) normalised in stream_dtype, as
-        the teaching path's :func:`llmcore.norm.rms_norm` does half precision -> dtype."""
+        the teaching path's :func:`llmcore.norm.rms_norm` does half precision -> dtype.
+        Chapter 11."""
         wide = x.to(self.stream_dtype)
         return F.rms_norm(wide, (self.d_head,), weight, self.eps).to(self.dtype)
 
@@ -486,7 +488,7 @@ def fast_model(model, *, compile: bool = False, batch_size: int = 1,
 def weights_signature(model) -> tuple:
     """What identifies the values of ``model``'s parameters without reading them: each one's
     storage, version counter (every in-place write bumps it: a training step, ``copy_``,
-    ``load_state_dict``), dtype and device. Equal signatures: the same weights."""
+    ``load_state_dict``), dtype and device. Equal signatures: the same weights. Chapter 7."""
     return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in model.parameters())
 
 
