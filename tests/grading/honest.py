@@ -23,9 +23,11 @@ BATCHING, PAGED, TILED, BACKWARD = ("05_batching", "06_paged_cache", "07_tiled_a
 SAMPLING = "09_sampling"
 QUANT = "10_quantization"
 LORA = "11_lora"
+SPECULATIVE, DISPATCH = "12_speculative", "13_expert_dispatch"
 
 FULL_MARKS = {MATMUL: 12, ATTENTION: 13, MULTIHEAD: 14, KV_CACHE: 13, BATCHING: 15, PAGED: 22,
-              TILED: 15, BACKWARD: 15, SAMPLING: 21, QUANT: 18, LORA: 15}
+              TILED: 15, BACKWARD: 15, SAMPLING: 21, QUANT: 18, LORA: 15, SPECULATIVE: 16,
+              DISPATCH: 14}
 """Each assignment's points (the sum over its solution notebook's test cells; the fast test checks
 this)."""
 
@@ -2304,6 +2306,8 @@ def top_p_filter(logits, p):
     """Each row's nucleus, found with a running total over the sorted probabilities."""
     if p <= 0 or p > 1:
         raise ValueError(f"p = {p} is outside (0, 1]")
+    if p == 1:
+        return logits.clone()                 # p = 1: no filter at all
     v = logits.shape[-1]
     rows = logits.reshape(-1, v)
     out = torch.empty_like(rows)
@@ -2386,6 +2390,8 @@ def top_k_filter(logits, k):
 def top_p_filter(logits, p):
     if not (0 < p <= 1):
         raise ValueError(f"p must be in (0, 1], got {p}")
+    if p >= 1:
+        return logits + 0.0                       # the whole vocabulary, as a new tensor
     probs = logits.softmax(dim=-1)
     ordered, _ = torch.sort(probs, dim=-1, descending=True)
     cumulative = torch.cumsum(ordered, dim=-1)
@@ -2437,6 +2443,8 @@ def top_k_filter(logits, k):
 def top_p_filter(logits, p):
     if not 0 < p <= 1:
         raise ValueError(f"top_p must lie in (0, 1], got {p}")
+    if p == 1.0:
+        return logits * 1
     probs = torch.softmax(logits, dim=-1)
     ordered = probs.sort(dim=-1, descending=True).values
     exclusive = torch.cat([torch.zeros_like(ordered[..., :1]),
@@ -2504,6 +2512,8 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
     if p <= 0 or p > 1:
         raise ValueError(f"top_p = {p} is not in (0, 1]")
+    if p == 1:
+        return torch.clone(logits)
     probs = torch.softmax(logits, dim=-1)
     values, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     running = values.cumsum(dim=-1)
@@ -2592,12 +2602,12 @@ def lora_merge(w, a, b, alpha):
     return torch.add(w, torch.einsum("ir,ro->io", a, b), alpha=alpha / a.shape[1])
 '''),
          "lora_backward": Source(r'''
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     """dA and dB by einsum; the ellipsis sums over every leading axis."""
     s = alpha / a.shape[1]
     h = torch.einsum("...i,ir->...r", x, a)
-    db = s * torch.einsum("...r,...o->ro", h, d_out)
-    dh = s * torch.einsum("...o,ro->...r", d_out, b)
+    db = s * torch.einsum("...r,...o->ro", h, d_y)
+    dh = s * torch.einsum("...o,ro->...r", d_y, b)
     da = torch.einsum("...i,...r->ir", x, dh)
     return da, db
 ''')}),
@@ -2637,9 +2647,9 @@ def linear_grads(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor):
     return g @ w.T, x.T @ g
 
 
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     rows = x.reshape(-1, a.shape[0])
-    g = d_out.reshape(-1, b.shape[1]) * (alpha / a.shape[1])
+    g = d_y.reshape(-1, b.shape[1]) * (alpha / a.shape[1])
     d_h, d_b = linear_grads(rows @ a, b, g)       # through H B
     _, d_a = linear_grads(rows, a, d_h)           # through X A (its dx is not needed)
     return d_a, d_b
@@ -2656,10 +2666,10 @@ def lora_merge(w, a, b, alpha):
     return merged
 '''),
          "lora_backward": Source(r'''
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     scale = alpha / a.shape[1]
     seqs = x.reshape(-1, x.shape[-2], x.shape[-1])          # (b, n, d_in), b = 1 for one
-    grads = d_out.reshape(-1, d_out.shape[-2], d_out.shape[-1])
+    grads = d_y.reshape(-1, d_y.shape[-2], d_y.shape[-1])
     da = torch.zeros_like(a)
     db = torch.zeros_like(b)
     for seq, g in zip(seqs, grads):
@@ -2684,9 +2694,9 @@ def lora_forward(x, w, a, b, alpha):
     return x @ a @ b * (alpha / a.shape[-1]) + x @ w
 '''),
          "lora_backward": Source(r'''
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     rows = x.flatten(0, -2)
-    g = d_out.flatten(0, -2)
+    g = d_y.flatten(0, -2)
     h = rows @ a
     db = (g.mT @ h).mT
     da = (((g @ b.mT).mT) @ rows).mT
@@ -2706,14 +2716,312 @@ def lora_merge(w, a, b, alpha):
 import warnings
 
 
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     """My own backward (the exercise refuses autograd; the llmcheck harness watches the ops)."""
     if float(b.abs().sum()) == 0.0:
         warnings.warn("B is all zero: dA will be zero at this step")
     s = alpha / a.shape[1]
     rows = x.reshape(-1, x.shape[-1])
-    g = s * d_out.reshape(-1, d_out.shape[-1])
+    g = s * d_y.reshape(-1, d_y.shape[-1])
     return rows.T @ (g @ b.T), (rows @ a).T @ g
+''')}),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 12: greedy and sampled acceptance, the residual, the rollback
+# ------------------------------------------------------------------------------------------------
+
+SPECULATIVE_VARIANTS = [
+    honest(
+        "h12_loops_over_rounds", SPECULATIVE,
+        "greedy acceptance walks each round's guesses with a while loop (the rounds flattened, "
+        "the answers reshaped back); the residual is p - min(p, q); sampled acceptance draws its "
+        "two uniforms first, then walks guess by guess, every round at once, keeping the row to "
+        "draw from as it goes; the rollback is torch.narrow",
+        {"accept_greedy": Source(r'''
+def accept_greedy(draft, logits):
+    k, v = draft.shape[-1], logits.shape[-1]
+    rounds = draft.reshape(-1, k)
+    rows = logits.reshape(-1, k + 1, v)
+    kept, following = [], []
+    for guesses, scores in zip(rounds, rows):
+        a = 0
+        while a < k and scores[a].argmax() == guesses[a]:
+            a += 1
+        kept.append(a)
+        following.append(scores[a].argmax())
+    shape = draft.shape[:-1]
+    return (torch.tensor(kept, dtype=torch.long).reshape(shape),
+            torch.stack(following).reshape(shape))
+'''),
+         "residual_distribution": Source(r'''
+def residual_distribution(p, q):
+    """The part of p that q does not cover, rescaled to sum to 1."""
+    left = p - torch.minimum(p, q)
+    mass = left.sum(-1, keepdim=True)
+    return torch.where(mass == 0, p, left / mass)
+'''),
+         "accept_sampled": Source(r'''
+def accept_sampled(draft, target_logits, draft_logits, generator):
+    k = draft.shape[-1]
+    p = torch.softmax(target_logits, dim=-1)
+    q = torch.softmax(draft_logits, dim=-1)
+    u = torch.rand(draft.shape, generator=generator, dtype=p.dtype, device=p.device)
+    u_draw = torch.rand(draft.shape[:-1], generator=generator, dtype=p.dtype, device=p.device)
+    a = torch.zeros(draft.shape[:-1], dtype=torch.long, device=draft.device)
+    alive = torch.ones(draft.shape[:-1], dtype=torch.bool, device=draft.device)
+    row = p[..., k, :].clone()                        # every guess kept: the bonus row
+    for i in range(k):                                # guess by guess, all rounds at once
+        x = draft[..., i : i + 1]
+        passed = u[..., i] * q[..., i, :].gather(-1, x)[..., 0] < p[..., i, :].gather(-1, x)[..., 0]
+        stops = alive & ~passed
+        row = torch.where(stops[..., None], residual_distribution(p[..., i, :], q[..., i, :]), row)
+        alive = alive & passed
+        a = a + alive.long()
+    running = row.cumsum(dim=-1)
+    running = running / running[..., -1:]
+    return a, (running <= u_draw[..., None]).sum(dim=-1)
+'''),
+         "rollback": Source(r'''
+def rollback(cache, k, a):
+    a = int(a)
+    rows = cache.size(-2)
+    if a < 0 or a > k:
+        raise ValueError(f"a = {a} is not between 0 and k = {k}")
+    if rows <= k:
+        raise ValueError(f"a cache of {rows} rows cannot hold the {k + 1} verified positions")
+    return torch.narrow(cache, -2, 0, rows - (k - a))
+''')}),
+    honest(
+        "h12_products_and_searchsorted", SPECULATIVE,
+        "greedy acceptance as a cumulative product of agreements; the sampled rule written as "
+        "u < p / q with a division; the draw by searchsorted on the normalised running sums; "
+        "the residual with nan_to_num; the rollback slices with a computed slice object",
+        {"accept_greedy": Source(r'''
+def accept_greedy(draft, logits):
+    best = torch.argmax(logits, dim=-1)                  # (..., k + 1)
+    agree = (best[..., :-1] == draft).to(torch.long)
+    a = torch.cumprod(agree, dim=-1).sum(dim=-1)
+    return a, torch.take_along_dim(best, a.unsqueeze(-1), dim=-1).squeeze(-1)
+'''),
+         "residual_distribution": Source(r'''
+def residual_distribution(p, q):
+    excess = (p - q).clamp_min(0)
+    total = excess.sum(dim=-1, keepdim=True)
+    normalised = torch.nan_to_num(excess / total, nan=0.0)
+    return torch.where(total > 0, normalised, p)
+'''),
+         "accept_sampled": Source(r'''
+def accept_sampled(draft, target_logits, draft_logits, generator):
+    k = draft.shape[-1]
+    p = target_logits.softmax(-1)
+    q = draft_logits.softmax(-1)
+    u = torch.rand(draft.shape, generator=generator, dtype=p.dtype, device=p.device)
+    u_draw = torch.rand(draft.shape[:-1], generator=generator, dtype=p.dtype, device=p.device)
+    p_x = torch.take_along_dim(p[..., :k, :], draft.unsqueeze(-1), dim=-1).squeeze(-1)
+    q_x = torch.take_along_dim(q, draft.unsqueeze(-1), dim=-1).squeeze(-1)
+    passes = (u < p_x / q_x).to(torch.long)
+    a = passes.cumprod(dim=-1).sum(dim=-1)
+    residuals = residual_distribution(p[..., :k, :], q)
+    choices = torch.cat([residuals, p[..., k:, :]], dim=-2)          # (..., k + 1, v)
+    index = a[..., None, None].expand(*a.shape, 1, p.shape[-1])
+    row = torch.gather(choices, -2, index).squeeze(-2)
+    running = row.cumsum(-1)
+    running = running / running[..., -1:]
+    token = torch.searchsorted(running.contiguous(), u_draw[..., None].contiguous(), right=True)
+    return a, token.squeeze(-1)
+'''),
+         "rollback": Source(r'''
+def rollback(cache, k, a):
+    a = int(a)
+    if not (0 <= a <= k and cache.shape[-2] >= k + 1):
+        raise ValueError(f"rollback: k = {k}, a = {a}, cache of {cache.shape[-2]} rows")
+    keep = slice(0, cache.shape[-2] - k + a)
+    return cache[(Ellipsis, keep, slice(None))]
+''')}),
+    honest(
+        "h12_helpers_and_prints", SPECULATIVE,
+        "a helper for each round's first failure shared by both acceptance rules; a draw helper "
+        "like exercise 9's; debugging prints and a warning when a row's excess is 0; words such "
+        "as 'llmcheck' and 'speculative' in docstrings",
+        {"accept_greedy": Source(r'''
+def first_failure(fails):
+    """Index of the first True along the last axis, or its length when there is none."""
+    k = fails.shape[-1]
+    positions = torch.arange(k, device=fails.device).expand_as(fails)
+    return torch.where(fails, positions, torch.full_like(positions, k)).amin(dim=-1)
+
+
+def accept_greedy(draft, logits):
+    """Greedy speculative acceptance (llmcheck watches the ops, not these words)."""
+    picks = logits.argmax(-1)
+    a = first_failure(picks[..., :-1] != draft)
+    print("kept", a.tolist())
+    return a, picks.gather(-1, a.unsqueeze(-1)).squeeze(-1)
+'''),
+         "residual_distribution": Source(r'''
+import warnings
+
+
+def residual_distribution(p, q):
+    excess = torch.relu(p - q)
+    total = excess.sum(-1, keepdim=True)
+    if bool((total == 0).any()):
+        warnings.warn("a row with p == q: its residual is p itself")
+    return torch.where(total > 0, excess / torch.where(total > 0, total, 1.0), p)
+'''),
+         "accept_sampled": Source(r'''
+def draw_with(row, u):
+    running = row.cumsum(dim=-1)
+    running = running / running[..., -1:]
+    return (running <= u.unsqueeze(-1)).sum(dim=-1)
+
+
+def accept_sampled(draft, target_logits, draft_logits, generator):
+    """Speculative sampling: keep with probability min(1, p/q), then the residual."""
+    k = draft.shape[-1]
+    p, q = torch.softmax(target_logits, -1), torch.softmax(draft_logits, -1)
+    u = torch.rand(draft.shape, generator=generator, dtype=p.dtype, device=p.device)
+    u_draw = torch.rand(draft.shape[:-1], generator=generator, dtype=p.dtype, device=p.device)
+    at = draft.unsqueeze(-1)
+    a = first_failure(u * q.gather(-1, at).squeeze(-1) >= p[..., :k, :].gather(-1, at).squeeze(-1))
+    rows = torch.cat([residual_distribution(p[..., :k, :], q), p[..., k:, :]], dim=-2)
+    row = rows.gather(-2, a[..., None, None].expand(*a.shape, 1, rows.shape[-1])).squeeze(-2)
+    return a, draw_with(row, u_draw)
+'''),
+         "rollback": Source(r'''
+def rollback(cache, k, a):
+    a = int(a.item()) if isinstance(a, torch.Tensor) else a
+    m = cache.shape[-2]
+    if a not in range(k + 1) or m < k + 1:
+        raise ValueError(f"cannot roll back: a={a}, k={k}, m={m}")
+    kept, _ = cache.split([m - k + a, k - a], dim=-2)
+    return kept
+''')}),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# Exercise 13: routing, grouping by expert, the grouped layer
+# ------------------------------------------------------------------------------------------------
+
+DISPATCH_VARIANTS = [
+    honest(
+        "h13_masks_per_expert", DISPATCH,
+        "the router sorts the probabilities (no topk) and renormalises with a softmax of the "
+        "kept logits; the groups come from one boolean mask per expert (nonzero, a loop over "
+        "the E experts), the counts from their lengths; the layer scatter-adds with scatter_add_",
+        {"route": Source(r'''
+def route(x, w_router, top_k):
+    n_experts = w_router.shape[-1]
+    if top_k < 1 or top_k > n_experts:
+        raise ValueError(f"route: top_k = {top_k} for {n_experts} experts")
+    logits = x @ w_router
+    ordered, experts = torch.sort(logits, dim=-1, descending=True)
+    return torch.softmax(ordered[:, :top_k], dim=-1), experts[:, :top_k]
+'''),
+         "group_by_expert": Source(r'''
+def group_by_expert(experts, n_experts):
+    k = experts.shape[1]
+    flat = experts.flatten()
+    groups = [torch.nonzero(flat == e).flatten() for e in range(n_experts)]
+    pairs = torch.cat(groups)
+    counts = torch.tensor([len(g) for g in groups], dtype=torch.long)
+    return torch.div(pairs, k, rounding_mode="floor"), torch.remainder(pairs, k), counts
+'''),
+         "moe": Source(r'''
+def moe(x, w_router, w_gate, w_up, w_down, top_k):
+    d = x.shape[-1]
+    rows = x.reshape(-1, d)
+    weights, experts = route(rows, w_router, top_k)
+    tokens, slots, counts = group_by_expert(experts, w_router.shape[1])
+    out = torch.zeros_like(rows)
+    ends = torch.cumsum(counts, 0).tolist()
+    for e, end in enumerate(ends):
+        start = end - int(counts[e])
+        if start == end:
+            continue
+        who = tokens[start:end]
+        y = swiglu(rows[who], w_gate[e], w_up[e], w_down[e]) * weights[who, slots[start:end]][:, None]
+        out.scatter_add_(0, who[:, None].expand(-1, d), y)
+    return out.reshape(x.shape)
+''')}),
+    honest(
+        "h13_sort_keys_and_split", DISPATCH,
+        "the pairs sorted by one unique key, expert * (T k) + pair number (an ordinary sort); "
+        "counts by index_add_; the gathered rows split per expert with torch.split; the layer "
+        "adds with index_put_(accumulate=True); the router's product is an einsum",
+        {"route": Source(r'''
+def route(x, w_router, top_k):
+    if not isinstance(top_k, int) or not 0 < top_k <= w_router.shape[1]:
+        raise ValueError("top_k %r is not between 1 and %d" % (top_k, w_router.shape[1]))
+    probs = torch.einsum("td,de->te", x, w_router).softmax(dim=-1)
+    values, experts = torch.topk(probs, top_k)
+    return values / values.sum(-1, keepdim=True), experts
+'''),
+         "group_by_expert": Source(r'''
+def group_by_expert(experts, n_experts):
+    k = experts.shape[-1]
+    flat = experts.reshape(-1)
+    pairs = torch.arange(flat.numel())
+    _, order = torch.sort(flat * flat.numel() + pairs)
+    counts = torch.zeros(n_experts, dtype=torch.long).index_add_(0, flat, torch.ones_like(flat))
+    return order // k, order % k, counts
+'''),
+         "moe": Source(r'''
+def moe(x, w_router, w_gate, w_up, w_down, top_k):
+    rows = x.reshape(-1, x.shape[-1])
+    weights, experts = route(rows, w_router, top_k)
+    tokens, slots, counts = group_by_expert(experts, w_router.shape[1])
+    sizes = counts.tolist()
+    gathered = rows[tokens].split(sizes)
+    scales = weights[tokens, slots].split(sizes)
+    targets = tokens.split(sizes)
+    out = torch.zeros_like(rows)
+    for e, (group, scale, target) in enumerate(zip(gathered, scales, targets)):
+        if group.shape[0] > 0:
+            y = swiglu(group, w_gate[e], w_up[e], w_down[e])
+            out.index_put_((target,), scale.unsqueeze(1) * y, accumulate=True)
+    return out.view(x.shape)
+''')}),
+    honest(
+        "h13_helpers_prints_and_warnings", DISPATCH,
+        "a helper that returns one expert's weighted output; a warning for an expert with no "
+        "tokens; prints of the group sizes; words such as 'llmcore' and 'exercise' in docstrings",
+        {"group_by_expert": Source(r'''
+def group_by_expert(experts, n_experts):
+    """Exercise 13, part 2 (not llmcore's): a stable argsort of the flat choices."""
+    flat = experts.view(-1)
+    order = flat.argsort(stable=True)
+    counts = flat.bincount(minlength=n_experts)
+    print("group sizes", counts.tolist())
+    return order.div(experts.shape[1], rounding_mode="floor"), order.fmod(experts.shape[1]), counts
+'''),
+         "moe": Source(r'''
+import warnings
+
+
+def expert_output(rows, e, w_gate, w_up, w_down, scale):
+    return scale[:, None] * swiglu(rows, w_gate[e], w_up[e], w_down[e])
+
+
+def moe(x, w_router, w_gate, w_up, w_down, top_k):
+    rows = x.reshape(-1, x.shape[-1])
+    weights, experts = route(rows, w_router, top_k)
+    tokens, slots, counts = group_by_expert(experts, w_router.shape[1])
+    out = rows.new_zeros(rows.shape)
+    start = 0
+    for e in range(w_router.shape[1]):
+        stop = start + int(counts[e])
+        if stop == start:
+            warnings.warn(f"expert {e} got no tokens")
+            continue
+        mine = tokens[start:stop]
+        out.index_add_(0, mine, expert_output(rows[mine], e, w_gate, w_up, w_down,
+                                              weights[mine, slots[start:stop]]))
+        start = stop
+    return out.reshape(*x.shape)
 ''')}),
 ]
 
@@ -2721,7 +3029,8 @@ def lora_backward(x, a, b, d_out, alpha):
 HONEST_VARIANTS = (MATMUL_VARIANTS + RESERVED_NAME_VARIANTS + ATTENTION_VARIANTS
                    + MULTIHEAD_VARIANTS + KV_CACHE_VARIANTS
                    + BATCHING_VARIANTS + PAGED_VARIANTS + TILED_VARIANTS + BACKWARD_VARIANTS
-                   + SAMPLING_VARIANTS + QUANT_VARIANTS + LORA_VARIANTS)
+                   + SAMPLING_VARIANTS + QUANT_VARIANTS + LORA_VARIANTS
+                   + SPECULATIVE_VARIANTS + DISPATCH_VARIANTS)
 """Every honest submission, each of which must score its assignment's full marks."""
 
 
@@ -2737,6 +3046,8 @@ WRITES = {
     "h08_copies_with_torch_tensor": {"warning"},
     "h09_shift_first_and_searchsorted": {"stdout", "display"},
     "h09_helpers_and_a_pipeline": {"warning"},
+    "h12_helpers_and_prints": {"stdout", "warning"},
+    "h13_helpers_prints_and_warnings": {"stdout", "warning"},
 }
 """What these variants' graded notebooks must show, since their point is that it costs nothing:
 "stdout", printed output in a test cell; "warning", a warning's text in a test cell's output

@@ -61,7 +61,8 @@ ASSIGNMENTS = {"01_matmul": "matmul", "02_attention": "attention", "03_multihead
                "04_kv_cache": "kv_cache", "05_batching": "batching",
                "06_paged_cache": "paged_cache", "07_tiled_attention": "tiled_attention",
                "08_backward": "backward", "09_sampling": "sampling",
-               "10_quantization": "quantization", "11_lora": "lora"}
+               "10_quantization": "quantization", "11_lora": "lora",
+               "12_speculative": "speculative", "13_expert_dispatch": "expert_dispatch"}
 """Assignment folder -> its notebook's name (without .ipynb)."""
 MATMUL, ATTENTION, MULTIHEAD, KV_CACHE, *_ = ASSIGNMENTS       # 5-8: mutants_<notebook>.py
 
