@@ -67,8 +67,8 @@ WRONG = [
         "backward_without_scale", LORA,
         "dA and dB without the scale alpha / r that multiplied the adapter's output",
         score=9, failing=BACKWARD,
-        edits={"lora_backward": Replace("grad = scale * d_out.reshape(-1, b.shape[1])",
-                                        "grad = d_out.reshape(-1, b.shape[1])")}),
+        edits={"lora_backward": Replace("grad = scale * d_y.reshape(-1, b.shape[1])",
+                                        "grad = d_y.reshape(-1, b.shape[1])")}),
     Submission(
         "dh_without_transpose", LORA,
         "dH = s G B, forgetting B's transpose: a shape error whenever d_out != r, wrong numbers "
@@ -81,11 +81,11 @@ WRONG = [
         "(b, r, d_out) and (b, d_in, r) instead of sums over the batch",
         score=13, failing=frozenset({"test_lora_backward_batch_hidden"}),
         edits={"lora_backward": Source(r'''
-def lora_backward(x, a, b, d_out, alpha):
+def lora_backward(x, a, b, d_y, alpha):
     scale = alpha / a.shape[1]
     hidden = x @ a                                    # (..., n, r)
-    db = hidden.transpose(-2, -1) @ (scale * d_out)
-    da = x.transpose(-2, -1) @ ((scale * d_out) @ b.T)
+    db = hidden.transpose(-2, -1) @ (scale * d_y)
+    da = x.transpose(-2, -1) @ ((scale * d_y) @ b.T)
     return da, db
 ''')}),
     Submission(
@@ -110,7 +110,7 @@ def lora_backward(x, a, b, d_out, alpha):
             "d_in, rank = a.shape\n",
             "leaves = [a.detach().requires_grad_(), b.detach().requires_grad_()]\n"
             "    y = alpha / a.shape[1] * (x @ leaves[0]) @ leaves[1]\n"
-            "    return torch.autograd.grad(y, leaves, d_out)\n"
+            "    return torch.autograd.grad(y, leaves, d_y)\n"
             "    d_in, rank = a.shape\n")}),
     Submission(
         "library_lora_backward", LORA,
@@ -119,6 +119,6 @@ def lora_backward(x, a, b, d_out, alpha):
         edits={"lora_backward": Replace(
             "d_in, rank = a.shape\n",
             "from llmcore.lora import lora_backward as library_backward\n"
-            "    return library_backward(x, a, b, d_out, alpha=alpha)\n"
+            "    return library_backward(x, a, b, d_y, alpha=alpha)\n"
             "    d_in, rank = a.shape\n")}),
 ]

@@ -87,6 +87,14 @@ def top_p_filter(logits, p):
     return logits.masked_fill(~keep, float("-inf"))
 ''')}),
     Submission(
+        "top_p_one_left_to_the_rule", SAMPLING,
+        "p = 1 goes through the rule like any other p: in float32 the running sum of 50,000 "
+        "probabilities reaches 1.0 before the end, and the last tokens are dropped",
+        score=19, failing=frozenset({"test_top_p_hidden"}),
+        edits={"top_p_filter": Replace(
+            "    if p == 1:\n        return logits.clone()                                           "
+            "# the filter is off\n", "")}),
+    Submission(
         "top_p_drops_ties", SAMPLING,
         "keeps exactly the smallest prefix of a sort: a token as probable as the nucleus' last "
         "one is kept or dropped by the sort's order instead of kept",
