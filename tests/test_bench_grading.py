@@ -53,5 +53,8 @@ def test_a_quick_grading_run_reports_every_figure():
     pages = re.search(r"feedback pages: (\d+), largest (\d+) kB", text)
     assert pages and int(pages.group(1)) == count and int(pages.group(2)) < 200, text
     assert "on paper, 16 cores" in text and "a hub of 500 students" in text
-    assert re.search(r"worker start \(.*a new interpreter per notebook [\d.]+ notebooks/min, "
-                     r"forked from the warm server [\d.]+ notebooks/min: [\d.]+x", text), text
+    assert re.search(r"check on the untouched .*: [\d.]+ s then, [\d.]+ s now: [\d.]+x faster "
+                     r"\(goal 3x\); first line after [\d.]+ s then, [\d.]+ s now", text), text
+    for part in ("the submissions", "the whole run"):
+        assert re.search(rf"= \d+ notebooks on \d+ workers, {part}.*: [\d.]+ notebooks/min then, "
+                         r"[\d.]+ now: [\d.]+x \(goal 3x\)", text), text

@@ -17,7 +17,9 @@ out) and are built by tests/classroom.py, which needs the dev install (pytest).
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -148,49 +150,134 @@ def projection(rate_per_min: float, cores_used: int, notebooks: int, per_noteboo
     ]
 
 
-COMPARE_STUDENTS, COMPARE_ROUNDS = 2, 2
-"""The worker-start comparison: this many honest students x every assignment, graded this many
-rounds in each way, the ways alternating (a shared machine's load falls on both)."""
+BASELINE = "72599b74f76a0a2c24857f729c21d846017f8131"
+"""The course as it was when issue 34 (the learner's and the instructor's loop) was taken up,
+before its first commit: "today's pipeline", which the goals are ratios against. It is run from
+a copy of that revision (``git archive``), in the same run as the current code."""
+
+COMPARE_STUDENTS, COMPARE_ROUNDS, CHECK_ROUNDS = 2, 2, 3
+"""The comparison: this many honest students x every assignment, graded this many rounds by
+each pipeline, the pipelines alternating (a shared machine's load falls on both); the learner's
+check timed this many times each."""
+
+CHECK_NOTEBOOK = "exercises/01_matmul/matmul.ipynb"
+
+_CLASS_DRIVER = """
+import json, sys, time
+sys.path[:0] = ["tests", "tests/grading"]
+from pathlib import Path
+import classroom
+from course.grading import grade
+course = classroom.new_course(Path(sys.argv[1]))
+students, assignments, workers = int(sys.argv[2]), sys.argv[3].split(","), int(sys.argv[4])
+for i in range(students):
+    for a in assignments:
+        classroom.submit(course, f"s{i}", a, classroom.submission(a, answered=True))
+began = {}
+def mark(message):
+    if message.startswith("grading ") and "submission" in message:
+        began.setdefault("submissions", time.perf_counter())
+start = time.perf_counter()
+run = grade(course, gradebook=course / "gradebook.db", workers=workers, log=mark)
+end = time.perf_counter()
+print(json.dumps({"notebooks": len(run.rows), "whole": end - start,
+                  "submissions": end - began["submissions"],
+                  "full": sum(r.score == r.max_score > 0 for r in run.rows)}))
+"""
+"""Grades an honest class with the grader of the tree it runs in (argv: course folder,
+students, assignments, workers); prints the times as JSON. Both pipelines have this API."""
 
 
-def compare_worker_start(out: TextIO, assignments: list[str], *, students: int, rounds: int,
-                         workers: int) -> None:
-    """Grade the same honest class in turn with a new interpreter per notebook (the grader's
-    start before issue 34: ``worker_start="spawn"``) and with processes forked from the warm
-    server (``"fork"``, the default); print each way's median rate and the ratio."""
-    from course.grading import grade
-    classroom = _classroom()
-    rates: dict[str, list[float]] = {"spawn": [], "fork": []}
-    notebooks = students * len(assignments)
-    for round_ in range(rounds):
-        for start in rates:
-            with tempfile.TemporaryDirectory(prefix="course-bench-start-") as folder:
-                course = classroom.new_course(Path(folder) / "course")
-                for i in range(students):
-                    for assignment in assignments:
-                        classroom.submit(course, f"s{i}", assignment,
-                                         classroom.submission(assignment, answered=True))
-                began: dict[str, float] = {}
+def baseline_tree(folder: Path) -> Path:
+    """The BASELINE revision's files in ``folder`` (from this checkout's git history)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE], capture_output=True)
+    if archive.returncode != 0:
+        raise RuntimeError(f"cannot read revision {BASELINE[:10]} from {ROOT} (a git checkout "
+                           f"with its history is needed): {archive.stderr.decode().strip()}")
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
 
-                def mark(message: str) -> None:
-                    if message.startswith("grading ") and "submission" in message:
-                        began.setdefault("submissions", time.perf_counter())
 
-                result = grade(course, gradebook=course / "gradebook.db", workers=workers,
-                               log=mark, worker_start=start)
-                seconds = time.perf_counter() - began["submissions"]
-                full = sum(r.score == r.max_score > 0 for r in result.rows)
-            if full != notebooks:
-                raise RuntimeError(f"worker start {start}: {full} of {notebooks} honest "
-                                   "notebooks kept full marks; the comparison is void")
-            rates[start].append(notebooks / seconds * 60)
-            print(f"[worker start] round {round_ + 1}, {start}: {notebooks} notebooks in "
-                  f"{seconds:.0f} s", file=sys.stderr, flush=True)
-    spawn, fork = (sorted(rates[k])[len(rates[k]) // 2] for k in ("spawn", "fork"))
-    out.write(f"worker start ({students} honest students x {len(assignments)} assignments = "
-              f"{notebooks} notebooks, {workers} workers, {rounds} rounds alternating, median): "
-              f"a new interpreter per notebook {spawn:.1f} notebooks/min, forked from the warm "
-              f"server {fork:.1f} notebooks/min: {fork / spawn:.2f}x\n")
+def _in_tree(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def _grade_class(tree: Path, course: Path, students: int, assignments: list[str],
+                 workers: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", _CLASS_DRIVER, str(course), str(students),
+                           ",".join(assignments), str(workers)], cwd=tree, env=_in_tree(tree),
+                          capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise RuntimeError(f"grading a class with the pipeline in {tree} failed: "
+                           f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    if figures["full"] != figures["notebooks"]:
+        raise RuntimeError(f"the pipeline in {tree}: {figures['full']} of {figures['notebooks']}"
+                           " honest notebooks kept full marks; the comparison is void")
+    return figures
+
+
+def _time_check(tree: Path) -> tuple[float, float]:
+    """(seconds to the check's first line, seconds to its end) for the untouched exercise."""
+    start = time.perf_counter()
+    first = None
+    with subprocess.Popen([sys.executable, "-m", "course.grading", "check", CHECK_NOTEBOOK],
+                          cwd=tree, env=_in_tree(tree), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as check:
+        for line in check.stdout:
+            if first is None and line.strip():
+                first = time.perf_counter() - start
+    total = time.perf_counter() - start
+    return (total if first is None else first), total
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int, rounds: int,
+                          check_rounds: int, workers: int) -> None:
+    """The goals of issue 34 as ratios in one run: the learner's check on an untouched exercise
+    and an honest class graded, by BASELINE's pipeline and by this checkout's, alternating."""
+    with tempfile.TemporaryDirectory(prefix="course-bench-baseline-") as folder:
+        try:
+            old = baseline_tree(Path(folder) / "baseline")
+        except (RuntimeError, OSError) as error:
+            out.write(f"against the earlier pipeline: skipped ({error})\n")
+            return
+        assignments = [a for a in assignments if (old / "solutions" / a).is_dir()]
+        trees = {"then": old, "now": ROOT}
+        checks: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        for _ in range(check_rounds):
+            for name, tree in trees.items():
+                checks[name].append(_time_check(tree))
+        classes: dict[str, list[dict]] = {name: [] for name in trees}
+        for round_ in range(rounds):
+            for name, tree in trees.items():
+                course = Path(folder) / f"class-{name}-{round_}"
+                classes[name].append(_grade_class(tree, course, students, assignments, workers))
+                figures = classes[name][-1]
+                print(f"[against {BASELINE[:10]}] round {round_ + 1}, {name}: "
+                      f"{figures['notebooks']} notebooks in {figures['whole']:.0f} s",
+                      file=sys.stderr, flush=True)
+    first = {n: _median([c[0] for c in checks[n]]) for n in trees}
+    whole = {n: _median([c[1] for c in checks[n]]) for n in trees}
+    out.write(f"against the pipeline of {BASELINE[:10]} (before issue 34), in this run, "
+              f"medians:\n")
+    out.write(f"  the learner's check on the untouched {CHECK_NOTEBOOK}: {whole['then']:.1f} s "
+              f"then, {whole['now']:.1f} s now: {whole['then'] / whole['now']:.2f}x faster "
+              f"(goal 3x); first line after {first['then']:.1f} s then, {first['now']:.1f} s "
+              f"now\n")
+    notebooks = classes["now"][0]["notebooks"]
+    for part, label in (("submissions", "the submissions"),
+                        ("whole", "the whole run (the solutions' records included)")):
+        rate = {n: _median([notebooks / c[part] * 60 for c in classes[n]]) for n in trees}
+        out.write(f"  a class of {students} honest students x {len(assignments)} assignments "
+                  f"= {notebooks} notebooks on {workers} workers, {label}: "
+                  f"{rate['then']:.1f} notebooks/min then, {rate['now']:.1f} now: "
+                  f"{rate['now'] / rate['then']:.2f}x (goal 3x)\n")
     out.flush()
 
 
@@ -216,8 +303,9 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
         assignments = assignments[:2]
     cores = usable_cores()
     workers = workers or cores
-    compare_worker_start(out, assignments, students=1 if quick else COMPARE_STUDENTS,
-                         rounds=1 if quick else COMPARE_ROUNDS, workers=workers)
+    compare_with_baseline(out, assignments, students=1 if quick else COMPARE_STUDENTS,
+                          rounds=1 if quick else COMPARE_ROUNDS,
+                          check_rounds=1 if quick else CHECK_ROUNDS, workers=workers)
     with tempfile.TemporaryDirectory(prefix="course-bench-grading-") as folder:
         course = Path(folder) / "course"
         kinds = build_class(course, students, assignments)
