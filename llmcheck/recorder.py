@@ -264,8 +264,9 @@ class RecorderGuard(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if not recorder.dispatching:
             recorder.violations.append(
-                f"aten.{name} ran with the op recorder taken off torch's mode stack, so the test "
-                "could not see what it computed")
+                f"aten.{name} reached torch without passing the op recorder (taken off torch's "
+                "mode stack, or its dispatch replaced), so the test could not see what it "
+                "computed")
         elif not self.policy.allows(func) and recorder.policy is not self.policy:
             recorder.violations.append(f"aten.{name} ran under a policy other than the test's")
         return func(*args, **(kwargs or {}))

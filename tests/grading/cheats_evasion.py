@@ -8,7 +8,7 @@ detected or marked for review:
   method's state; a lambda over ``inputs=``): every case now has fresh inputs (llmcheck/fresh.py),
   so the memo misses on the twin ("[fresh inputs]");
 - the recorder taken off torch's mode stack (popped and put back, reached by names built from
-  strings): its guard sees the op ("taken off torch's mode stack");
+  strings): its guard sees the op ("without passing the op recorder");
 - library helpers made of allowed ops (a cosine similarity for a dot product, logsumexp for a
   softmax): refused by name at torch's Python API ("a library helper");
 - the harness reached through frames, profile hooks or ``exec`` written so that the syntax-tree
@@ -23,7 +23,7 @@ from mutants import ATTENTION, KV_CACHE, MATMUL, Replace, Source
 
 BATCHING = "05_batching"
 FRESH = "[fresh inputs]"
-OFF_STACK = "taken off torch's mode stack"
+OFF_STACK = "without passing the op recorder"
 HELPER = "a library helper"
 
 ATTENTION_INLINE_MASK = {"attention": Source('''
@@ -155,7 +155,7 @@ POP_CHEATS = [
 _native = getattr(torch, "_" + "C")
 
 def dot(a, b):
-    mode = getattr(_native, "_pop_torch" + "_dispatch_stack")()
+    mode = getattr(_native, "_pop_torch" + "_dispatch_stack")(None)
     try:
         result = a @ b
     finally:
@@ -232,7 +232,7 @@ def dot(a, b):
           "frames are still seen at every op, and the audit hook reports the switch",
           score=8, failing=frozenset({"test_generate_cached", "test_generate_cached_hidden"}),
           honest=8, review="audit hook saw sys.setprofile",
-          reasons={"test_generate_cached": "was used"},
+          reasons={"test_generate_cached": "switched off"},
           edits={"generate_cached": Source('''
 import sys
 import llmcore
