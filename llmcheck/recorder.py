@@ -274,7 +274,7 @@ class RecorderGuard(TorchDispatchMode):
 
 class HelperRefusal(TorchFunctionMode):
     """Refuses the policy's torch API functions (``policy.functions``) by identity, at torch's
-    Python API, whatever reference the learner's code holds (``F.cosine_similarity`` kept in a
+    Python API, whatever reference the learner's code holds (``torch.quantile`` kept in a
     variable before the call is the same function): helpers whose aten ops the allowlist allows."""
 
     def __init__(self, recorder: "OpRecorder"):

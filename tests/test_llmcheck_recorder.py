@@ -155,26 +155,26 @@ HONEST = {**ELEMENTWISE, **REDUCTIONS, **INDEXING, **SHAPES, **CREATION}
                               "SOFTMAXES+ATTENTIONS", "AUTOGRAD+ATTENTIONS"])
 @pytest.mark.parametrize("call", list(HONEST.values()), ids=list(HONEST))
 def test_every_basic_family_is_allowed_under_every_policy(policy, call):
-    if call is HONEST["logsumexp"] and "torch.Tensor.logsumexp" in policy:
+    if call is HONEST["logsumexp"] and "aten.logsumexp" in policy:
         pytest.skip("a softmax's normaliser: refused where a softmax is (the next test)")
     with forbid(*policy) as recorder:
         call()
     assert not recorder.violations, recorder.violations
 
 
-@pytest.mark.parametrize("policy, call", [
-    (SOFTMAXES, lambda: torch.logsumexp(A, -1)), (SOFTMAXES, lambda: A.logsumexp(-1)),
-    (SOFTMAXES, lambda: torch.special.logsumexp(A, -1)),
-    (PRODUCTS, lambda: F.cosine_similarity(V, W, dim=0)),
-    (PRODUCTS, lambda: torch.nn.CosineSimilarity(dim=0)(V, W)),
-    (SAMPLING, lambda: torch.quantile(A, 0.5, dim=-1)), (SAMPLING, lambda: A.nanquantile(0.5))],
-    ids=["torch.logsumexp", "Tensor.logsumexp", "special.logsumexp", "F.cosine_similarity",
-         "nn.CosineSimilarity", "torch.quantile", "Tensor.nanquantile"])
-def test_a_library_helper_made_of_allowed_ops_is_refused_by_name(policy, call):
-    """logsumexp, cosine_similarity and quantile reach only allowed aten ops (reductions,
-    elementwise, sort): the policy names the helper itself, seen at torch's Python API
-    (a TorchFunctionMode), whatever reference the call holds."""
-    with pytest.raises(NotAllowedError, match="a library helper"):
+@pytest.mark.parametrize("policy, call, match", [
+    (SOFTMAXES, lambda: torch.logsumexp(A, -1), "logsumexp"),
+    (SOFTMAXES, lambda: A.logsumexp(-1), "logsumexp"),
+    (SOFTMAXES, lambda: torch.special.logsumexp(A, -1), "logsumexp"),
+    (SAMPLING, lambda: torch.quantile(A, 0.5, dim=-1), "a library helper"),
+    (SAMPLING, lambda: A.nanquantile(0.5), "a library helper")],
+    ids=["torch.logsumexp", "Tensor.logsumexp", "special.logsumexp", "torch.quantile",
+         "Tensor.nanquantile"])
+def test_a_library_helper_made_of_allowed_ops_is_refused_by_name(policy, call, match):
+    """logsumexp reaches its own aten op, refused by name; quantile reaches only allowed ones
+    (sort, gather, lerp): the policy names the helper itself, seen at torch's Python API (a
+    TorchFunctionMode), whatever reference the call holds."""
+    with pytest.raises(NotAllowedError, match=match):
         with forbid(*policy):
             call()
 
