@@ -100,7 +100,44 @@ def test_jobs_die_with_the_server(tmp_path):
             break
         time.sleep(0.1)
     assert gone(pid), f"job {pid} outlived its fork server"
+    assert not server.alive
     server.close()
+
+
+def test_the_class_is_graded_on_when_the_fork_server_is_killed(tmp_path):
+    """The job in flight fails with the reason; every later one starts a new interpreter."""
+    from classroom import new_course, submission, submit
+    from course.grading import grade
+
+    course = new_course(tmp_path / "course")
+    for student in ("s0", "s1", "s2"):
+        submit(course, student, "01_matmul", submission("01_matmul", answered=True))
+    servers: list[int] = []
+
+    def kill_the_server(message: str) -> None:
+        if message.startswith("grading ") and not servers:
+            found = [p for p in _children(os.getpid()) if "workers import serve" in _command(p)]
+            servers.extend(found)
+            for pid in found:
+                os.kill(pid, 15)
+
+    run = grade(course, gradebook=course / "gradebook.db", workers=1, feedback=False,
+                log=kill_the_server)
+    assert servers, "no fork server was running when the submissions started"
+    statuses = sorted(str(r.status) for r in run.rows)
+    assert statuses.count("graded") >= 2, statuses
+    assert all(r.score == r.max_score for r in run.rows if str(r.status) == "graded")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def test_a_spawned_worker_reports_a_broken_job(tmp_path):

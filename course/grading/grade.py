@@ -377,10 +377,12 @@ def _copy_plain_files(source: Path, target: Path) -> list[str]:
 
 
 def _run_worker(job: Job, server: ForkServer | None) -> tuple[Job, Outcome]:
-    """Grade ``job`` in a process of its own: forked by ``server``, or a new interpreter."""
+    """Grade ``job`` in a process of its own: forked by ``server``, or a new interpreter (also
+    where the server has stopped: it never takes the rest of the class with it)."""
     started = time.perf_counter()
     env = worker_environment(job)
-    ended = server.run_job(job.job_file, env, timeout=WORKER_TIMEOUT) if server \
+    ended = server.run_job(job.job_file, env, timeout=WORKER_TIMEOUT) \
+        if server is not None and server.alive \
         else spawn_job(job.job_file, env, timeout=WORKER_TIMEOUT)
     if job.profile:
         (Path(job.folder) / "worker-seconds").write_text(str(time.perf_counter() - started))

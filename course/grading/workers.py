@@ -123,6 +123,12 @@ class ForkServer:
             return WorkerExit(1, output)
         return WorkerExit(pending.exit if finished else None, output)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the server still runs (a stopped one answers nothing more: start jobs
+        another way)."""
+        return self._process.poll() is None and self._reader.is_alive()
+
     def close(self) -> None:
         """End the server (after the jobs: any job still running is killed with it)."""
         with contextlib.suppress(BrokenPipeError, ValueError):
