@@ -25,7 +25,7 @@ sys.modules["mutants"] = mutants              # cheats.py imports the edit class
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 import cheats  # noqa: E402
 
-CELL_TIMEOUT = 20
+CELL_TIMEOUT = 60          # seconds per cell: a slow cheat is judged by what it computes, not cut short
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,3 +322,25 @@ def test_plain_nbgrader_and_course_grade_judge_alike():
              for p in config.Autograde.autograde_preprocessors]
     assert named == autograde_preprocessors()
     assert "Verdicts" in [p.__name__ for p in named]
+
+
+@pytest.mark.parametrize("stopped_by", [None, "CellTimeoutError", "KeyboardInterrupt"])
+def test_a_case_cut_short_by_the_time_limit_is_slow_not_tampering(stopped_by):
+    """A record without its checks (canaries) reads as tampering, unless the cell was stopped by
+    its time limit: then the case was cut short inside the checks, and the reason says so."""
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    from course.grading.verdicts import judge_notebook
+    from llmcheck.record import RECORD_MIME
+
+    cell = new_code_cell("test.call(f)", metadata={"nbgrader": {
+        "grade": True, "grade_id": "test_x", "points": 1, "solution": False, "locked": True}})
+    cell.outputs = [new_output("display_data", data={RECORD_MIME: _record(canaries={})})]
+    if stopped_by:
+        cell.outputs.append(new_output("error", ename=stopped_by, evalue="", traceback=[]))
+    verdicts = judge_notebook(new_notebook(cells=[cell]), {"test_x": [_record()]})
+    verdict = verdicts["test_x"]
+    assert not verdict.passed
+    if stopped_by:
+        assert not verdict.tampering and "ran past its time limit" in verdict.reason, verdict
+    else:
+        assert verdict.tampering and "switched off (missing)" in verdict.reason, verdict

@@ -266,6 +266,11 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
+        if verdict.tampering and "switched off (missing)" in verdict.reason and timed_out(cell):
+            # a case cut short by the cell's time limit keeps no record of its checks: slow,
+            # not tampering (the points are lost either way; the word is not)
+            verdict = Verdict(False, False, f"{grade_id}: the cell ran past its time limit "
+                                            "before its checks were recorded")
         if verdict.passed and kernel_error(cell):
             verdict = Verdict(False, False, "the test raised an error in the notebook")
         elif not verdict.passed:
@@ -279,6 +284,15 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
         cell.metadata["verdict"] = asdict(verdict)
         verdicts[grade_id] = verdict
     return verdicts
+
+
+TIMEOUT_ERRORS = ("CellTimeoutError", "KeyboardInterrupt")
+"""How a cell stopped by its time limit ends (nbclient's error, the interrupt it sends)."""
+
+
+def timed_out(cell) -> bool:
+    return any(o.get("output_type") == "error" and o.get("ename") in TIMEOUT_ERRORS
+               for o in cell.get("outputs", []))
 
 
 def show_stderr_unscored(cell) -> None:
