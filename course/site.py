@@ -175,6 +175,13 @@ def execution_key(root: Path = ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def _key_of_this_process() -> str:
+    """execution_key() once per process: the sources a test run reads do not change under it
+    (every chapter's check would otherwise hash llmcore and the shipped model again)."""
+    return execution_key()
+
+
 def cache_folder() -> Path:
     return ROOT / book_config()["execute"]["cache"]
 
@@ -197,7 +204,7 @@ def cached_run(docname: str):
     outputs included), from the execution cache, when the cache holds a run of its current code
     made with the current llmcore; else None."""
     if not EXECUTION_KEY_FILE.is_file() or \
-            EXECUTION_KEY_FILE.read_text().strip() != execution_key():
+            EXECUTION_KEY_FILE.read_text().strip() != _key_of_this_process():
         return None
     import jupytext
     from jupyter_cache import get_cache

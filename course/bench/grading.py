@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,10 +234,6 @@ def _time_check(tree: Path) -> tuple[float, float]:
     return (total if first is None else first), total
 
 
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int, rounds: int,
                           check_rounds: int, workers: int) -> None:
     """The goals of issue 34 as ratios in one run: the learner's check on an untouched exercise
@@ -262,8 +259,8 @@ def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int,
                 print(f"[against {BASELINE[:10]}] round {round_ + 1}, {name}: "
                       f"{figures['notebooks']} notebooks in {figures['whole']:.0f} s",
                       file=sys.stderr, flush=True)
-    first = {n: _median([c[0] for c in checks[n]]) for n in trees}
-    whole = {n: _median([c[1] for c in checks[n]]) for n in trees}
+    first = {n: statistics.median_high([c[0] for c in checks[n]]) for n in trees}
+    whole = {n: statistics.median_high([c[1] for c in checks[n]]) for n in trees}
     out.write(f"against the pipeline of {BASELINE[:10]} (before issue 34), in this run, "
               f"medians:\n")
     out.write(f"  the learner's check on the untouched {CHECK_NOTEBOOK}: {whole['then']:.1f} s "
@@ -273,7 +270,7 @@ def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int,
     notebooks = classes["now"][0]["notebooks"]
     for part, label in (("submissions", "the submissions"),
                         ("whole", "the whole run (the solutions' records included)")):
-        rate = {n: _median([notebooks / c[part] * 60 for c in classes[n]]) for n in trees}
+        rate = {n: statistics.median_high([notebooks / c[part] * 60 for c in classes[n]]) for n in trees}
         out.write(f"  a class of {students} honest students x {len(assignments)} assignments "
                   f"= {notebooks} notebooks on {workers} workers, {label}: "
                   f"{rate['then']:.1f} notebooks/min then, {rate['now']:.1f} now: "
