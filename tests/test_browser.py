@@ -3,9 +3,10 @@ no browser is downloaded) opens the index and every page of _toc.yml from a loca
 checks what a reader would see: no console errors, no failed requests, nothing fetched from
 another host, math typeset by the bundled MathJax, every image loaded, every internal link and
 anchor resolving, no sideways scrolling at a desktop (1280 px) or a phone (390 px) width
-(long code lines scroll inside their block), and at the desktop width no line of a listing (the
-package's code shown with literalinclude) wrapping. A screenshot of each page goes to
-_build/screenshots/<page>.jpg (and <page>-phone.jpg).
+(long code lines scroll inside their block), and at the desktop width no line of code wrapping:
+not in a listing (the package's code shown with literalinclude), a code example, or the input of
+an executed cell. A screenshot of each page goes to _build/screenshots/<page>.jpg (and
+<page>-phone.jpg).
 
 Without Chromium the tests are skipped, unless LLMCORE_REQUIRE_BROWSER=1 (CI sets it).
 """
@@ -25,7 +26,8 @@ from typing import Iterator
 
 import pytest
 
-from course.site import HTML_DIR, SCREENSHOT_DIR, build_book, html_of, read_page, toc_pages
+from course.site import (HTML_DIR, SCREENSHOT_DIR, build_book, executed_pages, html_of,
+                         read_page, toc_pages)
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +40,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 
 REQUIRE = os.environ.get("LLMCORE_REQUIRE_BROWSER") == "1"
 PAGES = ["index"] + toc_pages()
+EXECUTED = set(executed_pages())
+"""The pages whose code cells the build runs: the chapters (the exercises are shown, not run)."""
 MATHJAX_TIMEOUT_MS = 30_000
 RAW_TEX = ("$$", "\\begin", "\\(", "\\)", "\\[", "\\]", "\\frac", "\\sqrt")
 """Text that MathJax removes when it typesets; seen outside code, math was left raw."""
@@ -156,7 +160,7 @@ VISIBLE_TEXT_JS = """() => {
 WIDTHS = {"desktop": 1280, "phone": 390}
 """Window widths (CSS px) at which no page may scroll sideways: a laptop and a phone."""
 
-OVERFLOW_JS = """() => {
+OVERFLOW_JS = """(cells) => {
     const width = document.documentElement.clientWidth;
     const page = Math.max(document.documentElement.scrollWidth, document.body.scrollWidth);
     const blocks = Array.from(document.querySelectorAll('pre'))
@@ -169,7 +173,7 @@ OVERFLOW_JS = """() => {
     const code = blocks.filter(pre => pre.closest('div.highlight') && !pre.closest('.cell_output'));
     const scrolling = code.filter(pre => pre.scrollWidth > pre.clientWidth + 1)
         .map(pre => pre.textContent.slice(0, 60));
-    const wrapped = code.filter(pre => !pre.closest('.cell')).filter(pre => {
+    const wrapped = code.filter(pre => cells || !pre.closest('.cell')).filter(pre => {
         const style = pre.style.whiteSpace;
         pre.style.whiteSpace = 'pre';                 // unwrapped: does a line stick out?
         const wraps = pre.scrollWidth > pre.clientWidth + 1;
@@ -180,8 +184,11 @@ OVERFLOW_JS = """() => {
 }"""
 """The page's width against the window's, the code blocks that stick out of the window or hide
 text they cannot scroll to, the blocks of code (cells and listings, not printed output) that
-need a scroll bar to be read, and the listings (llmcore's code shown with literalinclude, and
-the chapters' code examples: code outside executed cells) with a line that wraps."""
+need a scroll bar to be read, and the blocks of code with a line that wraps (the site's CSS
+wraps long lines of code at a desktop width rather than scroll them): the listings (llmcore's
+code shown with literalinclude) and the chapters' code examples, and, when `cells` is true (a
+page the build executes), the input of every code cell. Printed output is never counted: it
+keeps its lines and may scroll (tables)."""
 
 MATHJAX_JS = """async () => {
     await MathJax.startup.promise;
@@ -257,7 +264,7 @@ def test_page_in_a_real_browser(browser, site, docname):
         for name, width in WIDTHS.items():
             page.set_viewport_size({"width": width, "height": 900})
             page.wait_for_timeout(200)                      # the theme's layout settles
-            found = page.evaluate(OVERFLOW_JS)
+            found = page.evaluate(OVERFLOW_JS, shown in EXECUTED)
             assert found["page"] <= found["width"], (
                 f"{docname} at {width} px ({name}): the page is {found['page']} px wide, wider "
                 f"than the window ({found['width']} px); blocks past the edge: {found['wide']}")
@@ -268,9 +275,10 @@ def test_page_in_a_real_browser(browser, site, docname):
             if name == "desktop":       # the whole of every line of code is in view
                 assert not found["scrolling"], f"{docname} at {width} px: code that needs a " \
                                                f"scroll bar: {found['scrolling']}"
-                # and no listed line wraps (a wrapped shape comment lands alone at column 0);
-                # test_literalincludes.py checks the same width on the source, in seconds
-                assert not found["wrapped"], f"{docname} at {width} px: listings with lines " \
+                # and no line of a listing, an example or an executed cell's input wraps (a
+                # wrapped shape comment lands alone at column 0); test_literalincludes.py
+                # checks the same width on the source, in seconds
+                assert not found["wrapped"], f"{docname} at {width} px: code with lines " \
                                              f"wider than the page: {found['wrapped']}"
             else:
                 page.screenshot(path=str(SCREENSHOT_DIR / f"{docname.replace('/', '__')}"

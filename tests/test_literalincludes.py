@@ -1,7 +1,8 @@
 """Every ``literalinclude`` in the chapters names a file that exists and, with ``:pyobject:``, an
 object defined in it: a rename in llmcore fails here, in seconds, instead of in the book build.
-And every line the book shows of it fits the page: no included line wraps at a 1280 px window
-(test_browser.py checks the same in Chromium on the built site)."""
+And every line of code the book shows fits the page: no included line, no line of a code example
+and no input line of an executed cell wraps at a 1280 px window (test_browser.py checks the same
+in Chromium on the built site)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from course.site import executed_pages, source_of
+
 ROOT = Path(__file__).resolve().parent.parent
 DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)```\{literalinclude\}\s+(?P<path>\S+)\s*\n"
                        r"(?P<options>(?:(?P=indent):[^\n]*\n)*)", re.MULTILINE)
@@ -19,10 +22,11 @@ DIRECTIVE = re.compile(r"^(?P<indent>[ \t]*)```\{literalinclude\}\s+(?P<path>\S+
 
 
 PAGE_COLUMNS = 76
-"""Characters of code one line of the book holds at a 1280 px window: sphinx-book-theme's article
-column leaves a literalinclude block 642 px, and its 14 px monospace font is 8.43 px wide
-(measured in Chromium). A longer line wraps, and a right-aligned shape comment lands alone at
-the start of the next line."""
+"""Characters of code one line of the book holds at a 1280 px window, in a listing and in a code
+cell's input alike: sphinx-book-theme's article column leaves either block about 653 px inside its
+padding, and its 14 px monospace font is 8.43 px wide, so 77 characters fit and the 78th wraps
+(measured in Chromium); 76 keeps a column spare for a wider fallback font. A longer line wraps,
+and a right-aligned shape comment lands alone at the start of the next line."""
 
 LIST_ITEM_COLUMNS = 72
 """The same inside a list item (an indented directive): the list's margin takes 4 columns."""
@@ -114,6 +118,60 @@ def test_each_code_example_fits_the_page(chapter):
             if len(line) - len(match["indent"]) >
             (LIST_ITEM_COLUMNS if match["indent"] else PAGE_COLUMNS)]
     assert not wide, f"{chapter.name}: example lines wider than the page shows: {wide}"
+
+
+CODE_CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(?P<body>.*?)^```[ \t]*$",
+                       re.MULTILINE | re.DOTALL)
+"""An executed cell of a MyST notebook: its options, then the code the page shows as its input."""
+
+
+def cell_input_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of every input line of every code cell of a MyST notebook, without the
+    cell's options (a ``---`` YAML block or ``:key: value`` lines, which the page does not show)."""
+    found = []
+    for match in CODE_CELL.finditer(text):
+        first = text.count("\n", 0, match.start("body")) + 1
+        lines = match["body"].splitlines()
+        skip = 0
+        if lines and lines[0].strip() == "---":
+            skip = next((i + 1 for i, line in enumerate(lines[1:], 1) if line.strip() == "---"),
+                        0)
+        else:
+            while skip < len(lines) and re.match(r"^:[\w-]+:", lines[skip]):
+                skip += 1
+        found += [(first + i, line) for i, line in enumerate(lines) if i >= skip]
+    return found
+
+
+EXECUTED = executed_pages()
+
+
+def test_the_executed_pages_have_code_cells():
+    assert sum(len(cell_input_lines(source_of(p).read_text(encoding="utf-8")))
+               for p in EXECUTED) >= 1000, "the chapters' code cells were not found"
+
+
+@pytest.mark.parametrize("docname", EXECUTED)
+def test_each_code_cell_fits_the_page(docname):
+    """Every input line of every executed cell fits the page as the listings do: a longer line
+    wraps at a 1280 px window (the site's CSS wraps cell code rather than hide its end behind a
+    scroll bar), which test_browser.py checks in Chromium."""
+    path = source_of(docname)
+    if path.suffix != ".md":
+        pytest.skip(f"{path.name} is not a MyST notebook")
+    wide = [f"{path.relative_to(ROOT)}:{number}: {len(line)} columns: {line.strip()[:50]}"
+            for number, line in cell_input_lines(path.read_text(encoding="utf-8"))
+            if len(line) > PAGE_COLUMNS]
+    assert not wide, (f"{len(wide)} code-cell line(s) wider than the {PAGE_COLUMNS} columns "
+                      f"the page shows (wrap them at a bracket, or move a shape comment onto "
+                      f"its own line):\n  " + "\n  ".join(wide))
+
+
+def test_cell_input_lines_leave_out_the_options():
+    text = ("# A page\n\n```{code-cell} ipython3\n:tags: [hide-input]\nx = 1\n```\n"
+            "text\n```{code-cell} ipython3\n---\ntags: [remove-output]\n---\ny = 2\n"
+            "```\n```python\nnot a cell\n```\n")
+    assert cell_input_lines(text) == [(5, "x = 1"), (12, "y = 2")]
 
 
 def test_shown_lines_take_the_object_and_its_dedent():
