@@ -128,9 +128,17 @@ def _unseen(result, recorder: OpRecorder, given) -> bool:
                and t.untyped_storage().data_ptr() not in known for t in tensors_in(result))
 
 
-def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
+def _in_place(stand_ins: dict) -> bool:
+    """Whether every stand-in of :func:`~llmcheck.blocking.blocked` ({id(stand-in): (owner,
+    name)}) is still where it was put: False when the learner's code put a refused name back."""
+    return all(id(getattr(owner, attr, None)) == stand_in_id
+               for stand_in_id, (owner, attr) in stand_ins.items())
+
+
+def _canaries(recorder: OpRecorder) -> dict[str, bool]:
     """Known violations committed after the learner's function returned, under the same recorder
-    and stand-ins: each must still be seen (True) or the learner's code switched a check off."""
+    and stand-ins: each must still be seen (True) or the learner's code switched a check off
+    (the stand-ins' own places are checked by :func:`_in_place`, outside the recorder)."""
     policy = recorder.policy
     counted = (recorder.ops.copy(), recorder.products, recorder.flops)
     largest = (recorder.largest, recorder.largest_shape, recorder.largest_op)
@@ -168,9 +176,6 @@ def _canaries(recorder: OpRecorder, stand_ins: dict) -> dict[str, bool]:
             pass
         except Exception:                   # noqa: BLE001  (not refused: the check is off)
             forbid_ok = False
-    for stand_in_id, (owner, attr) in stand_ins.items():
-        if id(getattr(owner, attr, None)) != stand_in_id:
-            forbid_ok = False               # a refused name was put back during the call
     if recorder.profile_hook is not None and sys.getprofile() is not recorder.profile_hook:
         forbid_ok = False                   # the check of forbidden callables was switched off
     result["forbid"] = forbid_ok
@@ -215,8 +220,11 @@ class Test:
         recorder = OpRecorder(self.policy, exempt=storages_of(args, kwargs, inputs))
         error = None
         result = None
-        with recorder:
-            with blocked(recorder) as stand_ins:
+        # the stand-ins go in before the recorder and come out after it: swapping thousands of
+        # NumPy names under the recorder's profile hook (a Python call per builtin call) cost
+        # most of a test cell's time
+        with blocked(recorder) as stand_ins:
+            with recorder:
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
@@ -227,8 +235,10 @@ class Test:
                         "made before the call, or computed with the op recorder switched off)")
                 # a call interrupted (the cell's time ran out) may have lost the profile hook
                 # to the interruption: its canaries would accuse the learner of tampering
-                canaries = {} if isinstance(error, KeyboardInterrupt) else \
-                    _canaries(recorder, stand_ins)
+                interrupted = isinstance(error, KeyboardInterrupt)
+                canaries = {} if interrupted else _canaries(recorder)
+            if not interrupted and not _in_place(stand_ins):
+                canaries["forbid"] = False      # a refused name was put back during the call
         self.last = recorder
         return recorder, result, error, canaries
 

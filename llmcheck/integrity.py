@@ -19,8 +19,8 @@ import sys
 
 WATCHED = {
     "llmcheck.cases": ("Test.call", "Test.raises", "Test._case", "Test._run", "Test._publish",
-                       "digest", "encode", "_canaries", "_unseen", "blocked", "fold",
-                       "tensors_in", "storages_of"),
+                       "digest", "encode", "_canaries", "_in_place", "_unseen", "blocked",
+                       "fold", "tensors_in", "storages_of"),
     "llmcheck.recorder": ("OpRecorder.__torch_dispatch__", "OpRecorder.__enter__",
                           "OpRecorder.__exit__", "OpRecorder.refuse", "OpRecorder.held",
                           "blocked", "tensors_in", "op_family", "forbidden_frame",

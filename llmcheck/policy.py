@@ -193,10 +193,12 @@ def resolve_function(name: str):
     raise ValueError(f"forbid: no function {name!r}")
 
 
-def forbidden_frame(policy: Policy, frame) -> str | None:
-    """The outermost frame on the stack that runs forbidden code, as 'module.function'."""
+def forbidden_frame(policy: Policy, frame, stop=None) -> str | None:
+    """The outermost frame on the stack that runs forbidden code, as 'module.function'; the walk
+    ends below ``frame`` at ``stop`` (the frame that entered the recorder: what runs beneath it,
+    the test cell and the kernel, is the harness's), or at the bottom of the stack."""
     outermost = None
-    while frame is not None:
+    while frame is not None and frame is not stop:
         code = frame.f_code
         if policy.traced and code.co_filename.startswith(TRACED_CODE):
             return "a graph traced before the call and replayed in it (torch.fx's generated code)"

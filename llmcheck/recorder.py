@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -144,6 +145,13 @@ class OpRecorder(TorchDispatchMode):
     largest_op: str = ""
     exempt: dict = field(default_factory=dict)      # the inputs' storages: pointer -> bytes
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """Keep torch from wrapping ``__torch_dispatch__`` in ``torch._dynamo.disable``: the
+        wrapper's first call imports torch._dynamo (about 0.7 s of every graded kernel's CPU),
+        and no op a recorder sees is compiled. (TorchDispatchMode's own switch for this.)"""
+        return False
+
     def __post_init__(self):
         super().__init__()
         _warm_up()
@@ -151,13 +159,18 @@ class OpRecorder(TorchDispatchMode):
         self._outer_profile = []
         self._helpers = []
         self._guards = []
+        self._entered_at = []       # the frame of each `with` that entered: where walks stop
         self.dispatching = 0        # > 0 while this recorder hands an op on (its guard sees it)
 
     def _profile_hook(self, frame, event, arg) -> None:
         """With forbidden callables: every Python call, torch ops or not (an allocator's
         bookkeeping reaches none), is checked against them. Records the refusal (raising in a
-        profile function would switch it off); the call then fails on its violations."""
-        if event == "call" and frame.f_code in self.policy.codes:
+        profile function would switch it off); the call then fails on its violations. The
+        harness's own calls (its globals are llmcheck's) are passed over before ``f_code`` is
+        read: that read is an audit event (llmcheck/audit.py), and the recorder's bookkeeping
+        makes a dozen calls per op."""
+        if event == "call" and id(frame.f_globals) not in _HARNESS_GLOBALS \
+                and frame.f_code in self.policy.codes:
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             self.refuse(f"{frame.f_globals.get('__name__', '')}.{name}")
 
@@ -170,6 +183,7 @@ class OpRecorder(TorchDispatchMode):
             self._helpers[-1].__enter__()
         self._guards.append(RecorderGuard(self))
         self._guards[-1].__enter__()            # below the recorder on torch's mode stack
+        self._entered_at.append(sys._getframe(1))
         return super().__enter__()
 
     def __exit__(self, exc_type, exc_val, exc_tb):
@@ -179,6 +193,7 @@ class OpRecorder(TorchDispatchMode):
             self._helpers.pop().__exit__(exc_type, exc_val, exc_tb)
         exited = super().__exit__(exc_type, exc_val, exc_tb)
         self._guards.pop().__exit__(exc_type, exc_val, exc_tb)
+        self._entered_at.pop()
         return exited
 
     def refuse(self, what: str, error: NotAllowedError | None = None) -> NotAllowedError:
@@ -224,7 +239,8 @@ class OpRecorder(TorchDispatchMode):
             if tensor is not None and not tensor.untyped_storage().resizable():
                 raise self.refuse("a tensor on NumPy's (or another library's) memory")
         if policy.words or policy.codes or policy.traced:
-            where = forbidden_frame(policy, sys._getframe(1))
+            where = forbidden_frame(policy, sys._getframe(1),
+                                    self._entered_at[-1] if self._entered_at else None)
             if where is not None:
                 raise self.refuse(where)
         given = tensors_in(args, kwargs)   # inside lists too (cat takes a list)
@@ -253,6 +269,8 @@ class RecorderGuard(TorchDispatchMode):
     reaches it otherwise ran with the recorder taken off torch's mode stack (popped, then put
     back): a violation. It also checks the op against the policy it was given, so a recorder
     whose policy was swapped during the call is seen."""
+
+    _should_skip_dynamo = OpRecorder._should_skip_dynamo
 
     def __init__(self, recorder: "OpRecorder"):
         super().__init__()
@@ -301,15 +319,23 @@ def _hashable(value) -> bool:
 
 
 _warm = False
+_HARNESS_GLOBALS: frozenset[int] = frozenset()
+"""id() of the namespace of every llmcheck module (taken at the first recorder): code running
+in one of them is the harness's, never a forbidden callable."""
 
 
 def _warm_up() -> None:
-    """Dispatch ops through a mode, once per process, before any recorder is entered: the first
-    dispatch imports torch._dynamo, whose import runs NumPy functions, which must not meet the
-    refusing stand-ins (nor count as the learner's)."""
-    global _warm
+    """Dispatch ops through a mode, once per process, before any recorder is entered: whatever
+    torch imports lazily on a mode's first dispatch (torch._dynamo, for a mode whose dispatch it
+    wraps; its import runs NumPy functions) must not meet the refusing stand-ins (nor count as
+    the learner's)."""
+    global _warm, _HARNESS_GLOBALS
     if not _warm:
         _warm = True
+        package = os.path.join(sys.modules[__package__].__path__[0], "")
+        _HARNESS_GLOBALS = frozenset(
+            id(vars(module)) for module in list(sys.modules.values())
+            if (getattr(module, "__file__", None) or "").startswith(package))
         with OpRecorder():
             torch.ones(2).softmax(-1) @ torch.ones(2)
 
@@ -336,7 +362,7 @@ def forbid(*targets: str | Allow | Callable, hint: str = "") -> Iterator[OpRecor
     ``with forbid(*SOFTMAXES, hint="Use torch.exp, amax and sum."): got = softmax_rows(x)``.
     """
     recorder = OpRecorder(Policy.of(targets, hint))
-    with recorder, blocked(recorder):
+    with blocked(recorder), recorder:         # the stand-ins swapped outside the profile hook
         yield recorder
 
 
