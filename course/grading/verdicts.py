@@ -26,6 +26,7 @@ class Verdict:
     passed: bool
     tampering: bool = False
     reason: str = ""
+    unrecorded: bool = False     # a case kept no record of its checks (cut short, or removed)
 
 
 def records_of(cell) -> list[dict]:
@@ -144,9 +145,9 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
             return Verdict(False, True, f"{where}: tampering detected: the test's rules were changed")
         canaries = have.get("canaries") or {}
         if set(canaries) != set(want["canaries"]) or not all(v is True for v in canaries.values()):
-            off = sorted(k for k, v in canaries.items() if v is not True) or ["missing"]
+            off = sorted(k for k, v in canaries.items() if v is not True)
             return Verdict(False, True, f"{where}: tampering detected: a check was switched off "
-                                        f"({', '.join(off)})")
+                                        f"({', '.join(off or ['missing'])})", unrecorded=not off)
         violations = have.get("violations")
         if not isinstance(violations, list):
             return Verdict(False, True, f"{where}: tampering detected: a malformed record")
@@ -266,7 +267,7 @@ def judge_notebook(nb, expected: dict[str, list[dict]],
         if grade_id not in expected:
             continue                       # a cell the instructor's notebook does not have
         verdict = judge(grade_id, expected[grade_id], records_of(cell))
-        if verdict.tampering and "switched off (missing)" in verdict.reason and timed_out(cell):
+        if verdict.unrecorded and timed_out(cell):
             # a case cut short by the cell's time limit keeps no record of its checks: slow,
             # not tampering (the points are lost either way; the word is not)
             verdict = Verdict(False, False, f"{grade_id}: the cell ran past its time limit "
