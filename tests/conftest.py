@@ -160,3 +160,20 @@ def running_lab(profile: str, log: Path, *extra: str) -> Iterator[Lab]:
             server.wait()
         shutil.rmtree(runtime, ignore_errors=True)
         shutil.rmtree(config, ignore_errors=True)
+
+
+# ------------------------------------------------- the grading tests' classes (tests/class_runs.py)
+
+@pytest.hookimpl(trylast=True)          # after -m and -k have deselected what they deselect
+def pytest_collection_modifyitems(config, items):
+    """Start grading the classes the selected tests read, in a child process, and move those
+    tests to the end of the run: the grading overlaps the rest of the suite."""
+    if any(getattr(getattr(item, "module", None), "CLASS", None) is not None for item in items):
+        import class_runs
+        items[:] = class_runs.start(items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import sys
+    if "class_runs" in sys.modules:
+        sys.modules["class_runs"].stop()

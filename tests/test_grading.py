@@ -14,7 +14,7 @@ import json
 import re
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -28,9 +28,10 @@ from course import grading
 from course.grading.report import State, Status
 from llmcheck.recorder import (ATTENTIONS, PRODUCTS, SOFTMAXES, NotAllowedError, forbid,
                              watch_torch_calls)
+from class_runs import ClassRun
 from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, ROOT, cell_scores, check, count_grades,
-                       grade_class, load_data, mutants, nbgrader_meta, needs_assignment,
-                       new_course, read, row_of, selected, submission, submit, submit_all)
+                       load_data, mutants, nbgrader_meta, needs_assignment, read, row_of,
+                       selected, submission, submit, submit_all)
 
 CELL_TIMEOUT = 20          # seconds; the submission that loops forever costs one of these
                            # (a first test cell pays the recorder's warm-up: a few seconds)
@@ -210,18 +211,25 @@ def test_check_refuses_a_missing_notebook():
 # The instructor's grade: one class, one run
 # ------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """Grade the whole class once; returns (course folder, gradebook path, CSV rows, seconds)."""
-    course = new_course(tmp_path_factory.mktemp("course"))
+def build_class(course: Path) -> None:
+    """The class: a student with every solution, one with every untouched release, and the
+    wrong and broken submissions."""
     for assignment in ASSIGNMENTS:
         submit(course, "full_marks", assignment, submission(assignment, answered=True))
         submit(course, "untouched", assignment, submission(assignment, answered=False))
     submit_all(course, SUBMISSIONS)
-    start = time.perf_counter()
-    run = grade_class(course, timeout=CELL_TIMEOUT,
-                      what=f"notebooks (including one {CELL_TIMEOUT} s cell timeout)")
-    return course, course / "gradebook.db", run.rows, time.perf_counter() - start
+
+
+CLASS = ClassRun("test_grading", "graded", timeout=CELL_TIMEOUT,
+                 what=f"notebooks (including one {CELL_TIMEOUT} s cell timeout)")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The whole class graded once (tests/class_runs.py); returns (course folder, gradebook
+    path, CSV rows, seconds)."""
+    run = CLASS.graded(tmp_path_factory, build_class)
+    return run.course, run.course / "gradebook.db", run.rows, run.seconds
 
 
 @pytest.mark.slow

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, answers, cell_scores, grade_class,
-                       load_data, mutants, nbgrader_meta, new_course, read, row_of, selected,
-                       submission, submit_all)
+from class_runs import ClassRun
+from classroom import (ALL_ASSIGNMENTS, ASSIGNMENTS, DATA, answers, cell_scores, load_data,
+                       mutants, nbgrader_meta, read, row_of, selected, submission, submit_all)
 
 from course.grading.report import State, Status
 
@@ -81,13 +81,21 @@ def test_every_edit_applies_to_an_answer_cell_of_the_release(sub):
 # The class of honest learners, graded in one run (slow)
 # ------------------------------------------------------------------------------------------------
 
+def build_class(course: Path) -> None:
+    """The class: every honest variant."""
+    submit_all(course, GRADED)
+
+
+CLASS = ClassRun("test_grading_honest", "graded_honest", timeout=CELL_TIMEOUT,
+                 what="honest notebooks", feedback=False)    # its tests read no feedback page
+
+
 @pytest.fixture(scope="module")
 def graded_honest(tmp_path_factory):
-    """Grade every honest variant once; returns (course folder, gradebook path, CSV rows)."""
-    course = new_course(tmp_path_factory.mktemp("honest_course"))
-    submit_all(course, GRADED)
-    run = grade_class(course, timeout=CELL_TIMEOUT, what="honest notebooks")
-    return course, course / "gradebook.db", run.rows
+    """Every honest variant graded once (tests/class_runs.py); returns (course folder, gradebook
+    path, CSV rows)."""
+    run = CLASS.graded(tmp_path_factory, build_class)
+    return run.course, run.course / "gradebook.db", run.rows
 
 
 def _why_cells_failed(course: Path, sub, names: set[str]) -> list[str]:

@@ -17,8 +17,9 @@ from course.grading.review import review_evidence
 from course.grading.verdicts import Verdict, judge
 from llmcheck.recorder import (PRODUCTS, NotAllowedError, OpRecorder, Policy, forbid,
                                storages_of)
-from classroom import (ASSIGNMENTS as GRADED_ASSIGNMENTS, check, grade_class, mutants, new_course,
-                       row_of, submission, submit, submit_all, tree_hash)
+from class_runs import ClassRun
+from classroom import (ASSIGNMENTS as GRADED_ASSIGNMENTS, check, mutants, row_of, submission,
+                       submit, submit_all, tree_hash)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.modules["mutants"] = mutants              # cheats.py imports the edit classes by this name
@@ -251,16 +252,26 @@ CHEATS = [c for c in cheats.CHEATS if c.assignment in GRADED_ASSIGNMENTS]
 ASSIGNMENTS = sorted({c.assignment for c in CHEATS})
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    course = new_course(tmp_path_factory.mktemp("course"))
+def build_class(course: Path) -> dict[str, str]:
+    """The class: two honest students around every cheat; returns the tree's hashes before
+    grading."""
     for student in HONEST:
         for assignment in ASSIGNMENTS:
             submit(course, student, assignment, submission(assignment, answered=True))
     submit_all(course, CHEATS)
-    before = tree_hash(course)
-    run = grade_class(course, timeout=CELL_TIMEOUT, what="notebooks (honest and cheats)")
-    return course, run.rows, before
+    return tree_hash(course)
+
+
+CLASS = ClassRun("test_grading_verdicts", "graded", timeout=CELL_TIMEOUT,
+                 what="notebooks (honest and cheats)", feedback=False)   # no test reads feedback
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class graded once (tests/class_runs.py); returns (course folder, CSV rows, the
+    tree's hashes before grading)."""
+    run = CLASS.graded(tmp_path_factory, build_class)
+    return run.course, run.rows, run.extra
 
 
 @pytest.mark.slow       # its fixture grades a whole class
