@@ -148,7 +148,7 @@ class OpRecorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         """Keep torch from wrapping ``__torch_dispatch__`` in ``torch._dynamo.disable``: the
-        wrapper's first call imports torch._dynamo (about 0.7 s of every graded kernel's CPU),
+        wrapper's first call imports torch._dynamo (about 0.9 s of every graded kernel's CPU),
         and no op a recorder sees is compiled. (TorchDispatchMode's own switch for this.)"""
         return False
 
