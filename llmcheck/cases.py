@@ -21,7 +21,7 @@ import torch
 
 from . import fresh
 from .blocking import blocked
-from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large
+from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large, too_much_live
 from .recorder import NotAllowedError, OpRecorder, Policy, storages_of
 from .tree import fold, tensors_in
 
@@ -141,7 +141,8 @@ def _canaries(recorder: OpRecorder) -> dict[str, bool]:
     (the stand-ins' own places are checked by :func:`_in_place`, outside the recorder)."""
     policy = recorder.policy
     counted = (recorder.ops.copy(), recorder.products, recorder.flops)
-    largest = (recorder.largest, recorder.largest_shape, recorder.largest_op)
+    largest = (recorder.largest, recorder.largest_shape, recorder.largest_op,
+               recorder.peak_live, recorder.peak_live_op)
     before = (recorder.ops["aten.mm"], recorder.products, len(recorder.violations))
     eye = torch.eye(2)
     refused = False
@@ -192,7 +193,8 @@ def _canaries(recorder: OpRecorder) -> dict[str, bool]:
         result["numpy"] = ok
     del recorder.violations[before[2]:]     # the canaries' own work is not the learner's
     recorder.ops, recorder.products, recorder.flops = counted
-    recorder.largest, recorder.largest_shape, recorder.largest_op = largest
+    (recorder.largest, recorder.largest_shape, recorder.largest_op, recorder.peak_live,
+     recorder.peak_live_op) = largest
     return result
 
 
@@ -216,8 +218,9 @@ class Test:
         self.cases: list[str] = []
         self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
 
-    def _run(self, fn: Callable, args, kwargs, inputs=()):
-        recorder = OpRecorder(self.policy, exempt=storages_of(args, kwargs, inputs))
+    def _run(self, fn: Callable, args, kwargs, inputs=(), track_live: bool = False):
+        recorder = OpRecorder(self.policy, exempt=storages_of(args, kwargs, inputs),
+                              track_live=track_live)
         error = None
         result = None
         # the stand-ins go in before the recorder and come out after it: swapping thousands of
@@ -253,6 +256,8 @@ class Test:
                   "flops": recorder.flops, "views": views,
                   "largest": {"elements": recorder.largest, "shape": list(recorder.largest_shape),
                               "op": recorder.largest_op},
+                  **({"live": {"elements": recorder.peak_live, "op": recorder.peak_live_op}}
+                     if recorder.track_live else {}),
                   "violations": list(dict.fromkeys(recorder.violations)), "canaries": canaries,
                   "options": options, "policy": self.policy.describe()}
         from IPython.display import display
@@ -295,12 +300,16 @@ class Test:
         if "max_elements" in options and recorder.largest > options["max_elements"]:
             raise AssertionError(too_large(recorder.largest, recorder.largest_shape,
                                            recorder.largest_op, options["max_elements"]))
+        if "max_live_elements" in options and recorder.peak_live > options["max_live_elements"]:
+            raise AssertionError(too_much_live(recorder.peak_live, recorder.peak_live_op,
+                                               options["max_live_elements"]))
         return result
 
     def _case(self, fn: Callable, args, kwargs, inputs, case: str, options: dict):
         """Run one case under the recorder and publish its record: (recorder, result, error)."""
         input_digest = digest(args, kwargs, inputs)
-        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
+        recorder, result, error, canaries = self._run(
+            fn, args, kwargs, inputs, track_live="max_live_elements" in options)
         if error is not None:
             output = {"raised": raised(error)}
         else:

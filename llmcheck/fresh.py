@@ -1,10 +1,19 @@
 """Fresh inputs at grade time: every case is run again on values nobody could know in advance.
 
 A test cell's inputs are fixed (literals, seeded generators): a learner can read them, and the
-hidden ones reach the kernel with the cell. So when the trusted grader runs a test cell it first
-hands the kernel a **secret for that cell** (:func:`receive`, sent by the grader's executor just
-before the cell runs and withdrawn after it); :meth:`llmcheck.cases.Test.call` then runs each case a
-second time on a *twin* of its arguments drawn from the secret. The instructor's solution runs with
+hidden ones reach the kernel with the cell. So when the trusted grader runs a test cell, each case
+runs a second time on a *twin* of its arguments drawn from a **secret for that cell**
+(:meth:`llmcheck.cases.Test.call`).
+
+How the secret arrives: just before the cell, the grader's executor tells the kernel that one
+waits (:func:`expect`). The first case that needs it asks for it on the kernel's stdin channel,
+through the kernel's own ``raw_input`` taken when the kernel started (:func:`install`, before any
+learner code), and the executor answers the first request of the cell with the secret and any
+other request with nothing. So code that runs before the cell's first case (an IPython hook, an
+input transformer) cannot read the secret: it is not in the kernel yet. If such code asks for it
+first, the harness's own request comes back empty, every twin of the cell fails
+(:class:`SecretTaken`), and the executor records the second request for the instructor. After
+the cell the secret is withdrawn (``receive(None)``). The instructor's solution runs with
 the same secret, so its twin records are the expected answers; answers memoised for the released
 inputs, or for inputs read from a test's source, earn nothing on the twin. Without a secret (the
 learner's own check, a chapter) there is no twin.
@@ -38,25 +47,97 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import os
+import sys
 import types
 from typing import Callable, NamedTuple
 
 import torch
 
-from .record import TWIN_SUFFIX
+from .record import SECRET_PROMPT, TWIN_SUFFIX
 
 _secret: bytes | None = None
+_expected = False            # the grader holds a secret for the cell now running, not yet asked
+_taken = False               # the grader answered this cell's request with nothing
+_ask: Callable[[str], str] | None = None     # the kernel's raw_input, taken at install
+_cell_files = ""             # the folder of the files IPython compiles cells into
+
+
+class SecretTaken(RuntimeError):
+    """The grader answered the harness's request for the cell's secret with nothing: other code
+    in the kernel asked for it first."""
+
+
+def install() -> bool:
+    """Take the kernel's ``raw_input`` (before any learner code runs); False outside a kernel."""
+    global _ask, _cell_files
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+        _ask = shell.kernel.raw_input
+        _cell_files = os.path.dirname(shell.compile.get_code_name("", "", 0)) + os.sep
+    except Exception:                                       # noqa: BLE001  (not a kernel)
+        return False
+    return True
+
+
+def expect() -> None:
+    """The grader says the cell about to run has a secret, given on the first request."""
+    global _secret, _expected, _taken
+    _secret, _expected, _taken = None, True, False
 
 
 def receive(token: str | None) -> None:
-    """Set (a hex string) or withdraw (None) the secret of the test cell about to run."""
-    global _secret
+    """Set (a hex string) or withdraw (None) the secret of the test cell now running (the
+    grader withdraws it after the cell; tests and chapters set one to draw twins)."""
+    global _secret, _expected, _taken
     _secret = bytes.fromhex(token) if token else None
+    if token is None:
+        _expected = _taken = False
+
+
+def _asked_by_a_test_cell() -> bool:
+    """Whether this request comes from :func:`twin` called by ``Test.call`` called by the code
+    of the cell now running: the outermost notebook-cell frame on the stack is a cell's
+    module code, and ``Test.call``'s caller is in that same cell (not a hook or a helper of an
+    earlier cell, which runs in a file of its own)."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    drawer, frame = sys._getframe(2), sys._getframe(3)    # _secret_now <- twin <- Test.call
+    if drawer.f_code is not twin.__code__ or frame.f_code.co_name != "call" \
+            or not frame.f_code.co_filename.startswith(here):
+        return False
+    caller, outermost, walk = frame.f_back, None, frame.f_back
+    while walk is not None:
+        if walk.f_code.co_filename.startswith(_cell_files):
+            outermost = walk
+        walk = walk.f_back
+    return outermost is not None and outermost.f_code.co_name == "<module>" \
+        and caller is not None and caller.f_code.co_filename == outermost.f_code.co_filename
+
+
+def _secret_now() -> bytes | None:
+    """The cell's secret (see the module's docstring); None without one. While the grader holds
+    it, the first request from a test cell's own call asks for it on stdin, whatever the module's
+    state says; a request from anywhere else gets None and asks nothing."""
+    global _secret, _expected, _taken
+    if _expected and _ask is not None:
+        if not _asked_by_a_test_cell():
+            return None
+        _expected = False
+        try:
+            token = _ask(SECRET_PROMPT)
+        except Exception:                                   # noqa: BLE001  (no stdin)
+            token = ""
+        _secret, _taken = (bytes.fromhex(token), False) if token else (None, True)
+    if _taken:
+        raise SecretTaken("the grader gave this cell's secret to an earlier request, so its "
+                          "cases could not be run again on fresh inputs")
+    return _secret
 
 
 def active() -> bool:
-    """Whether the grader handed over a secret for the cell now running."""
-    return _secret is not None
+    """Whether the grader handed over, or holds, a secret for the cell now running."""
+    return _secret is not None or _expected or _taken
 
 
 def _seed(cell: str, case: str) -> int:
@@ -218,8 +299,9 @@ def twin(cell: str, case: str, fn: Callable, args: tuple, kwargs: dict, *, input
          draw: Callable | None = None) -> Twin | None:
     """The case's twin drawn from the cell's secret (see the module's docstring), or None when
     there is no secret or nothing to redraw. Call it before the case runs: objects are copied in
-    the state the case starts from. draw: the test's rule for its Python-number arguments."""
-    if _secret is None:
+    the state the case starts from. draw: the test's rule for its Python-number arguments.
+    Raises :class:`SecretTaken` when the cell's secret went to an earlier request."""
+    if _secret_now() is None:
         return None
     drawer = _Drawer(_generator(cell, case))
     twin_inputs = drawer.tree(inputs)
@@ -241,4 +323,5 @@ def twin(cell: str, case: str, fn: Callable, args: tuple, kwargs: dict, *, input
     return Twin(twin_fn, twin_args, twin_kwargs, twin_inputs)
 
 
-__all__ = ["TWIN_SUFFIX", "Twin", "active", "receive", "twin"]
+__all__ = ["TWIN_SUFFIX", "SecretTaken", "Twin", "active", "expect", "install", "receive",
+           "twin"]

@@ -26,7 +26,8 @@ WATCHED = {
                           "blocked", "tensors_in", "op_family", "forbidden_frame",
                           "autograd_at_work"),
     "llmcheck.policy": ("Policy.of", "Policy.describe", "Policy.allows"),
-    "llmcheck.fresh": ("receive", "twin", "_fresh_tensor", "_fresh_integers"),
+    "llmcheck.fresh": ("receive", "expect", "twin", "_secret_now", "_asked_by_a_test_cell",
+                       "_fresh_tensor", "_fresh_integers"),
 }
 """The harness's functions whose replacement would change what a record says, each named in the
 module whose code calls it (``llmcheck.cases`` calls its own binding of ``blocked``). Every name

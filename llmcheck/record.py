@@ -13,12 +13,17 @@ import json
 RECORD_MIME = "application/vnd.llmcore.record+json"
 RECORD_VERSION = 2
 OPTIONS = ("rtol", "atol", "view_of", "max_products", "max_flops_ratio", "max_elements",
-           "max_ops_ratio")
+           "max_live_elements", "max_ops_ratio")
 """The options a case may set (judged from the solution's record, never the learner's)."""
 
 TWIN_SUFFIX = " [fresh inputs]"
 """What the record of a case's twin (the same case on fresh inputs, llmcheck/fresh.py) adds to
 its case's name."""
+
+SECRET_PROMPT = "llmcheck: this test cell's secret"
+"""The prompt of the kernel's one request for its test cell's secret (llmcheck/fresh.py): the
+grader's executor answers the first request of a test cell with this prompt, and only the first
+(course/grading/executor.py)."""
 
 MAX_RECORDS_PER_CELL = 64
 MAX_RECORD_CHARS = 200_000
@@ -31,6 +36,14 @@ def too_large(elements: int, shape, op: str, limit: int) -> str:
     return (f"it held a {tuple(shape)} tensor ({elements} elements in one storage, made or grown "
             f"by {op}) where no tensor of more than {limit} elements is expected: hold one tile "
             "at a time, never the whole matrix")
+
+
+def too_much_live(elements: int, op: str, limit: int) -> str:
+    """The sentence for a call whose tensors held more than ``limit`` elements at once, in any
+    number of storages (said in the kernel, for feedback, and by the grader, which decides)."""
+    return (f"its tensors held {elements} elements at once (the most, after {op}) where at most "
+            f"{limit} are expected: keep one tile at a time and drop it before the next, never "
+            "the whole matrix, not even in pieces")
 
 
 def is_record_output(output: dict) -> bool:

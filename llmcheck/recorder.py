@@ -27,6 +27,7 @@ import contextlib
 import math
 import os
 import sys
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -128,8 +129,13 @@ class OpRecorder(TorchDispatchMode):
     tensor an op took or returned had (however it grew: a new tensor, ``resize_``, ``out=``,
     ``set_``, a view of a large tensor made before the call), the shape of that tensor and the op
     after which it was seen; exempt: {storage pointer: bytes} of the call's own inputs
-    (:func:`storages_of`), not counted while they keep their size. A refused op raises
-    :class:`NotAllowedError` (which the caller's code may catch: the violation stays recorded).
+    (:func:`storages_of`), not counted while they keep their size. With ``track_live``, also
+    peak_live and peak_live_op: the most elements that the storages of tensors seen by ops held
+    **at once** (each storage counted once, from the first op that took or returned one of its
+    tensors until the last such tensor is gone; the inputs' storages not counted), and the op
+    after which that peak was seen: a whole matrix kept as many tiles in a list counts whole. A
+    refused op raises :class:`NotAllowedError` (which the caller's code may catch: the
+    violation stays recorded).
     """
 
     policy: Policy = field(default_factory=Policy)
@@ -144,6 +150,10 @@ class OpRecorder(TorchDispatchMode):
     largest_shape: tuple = ()
     largest_op: str = ""
     exempt: dict = field(default_factory=dict)      # the inputs' storages: pointer -> bytes
+    track_live: bool = False
+    live: int = 0                                   # elements the tracked storages hold now
+    peak_live: int = 0
+    peak_live_op: str = ""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -161,6 +171,8 @@ class OpRecorder(TorchDispatchMode):
         self._guards = []
         self._entered_at = []       # the frame of each `with` that entered: where walks stop
         self.dispatching = 0        # > 0 while this recorder hands an op on (its guard sees it)
+        self._storages = {}         # storage pointer -> [elements, tensors alive] (track_live)
+        self._tensors = {}          # id(tensor) -> (weak reference, storage pointer)
 
     def _profile_hook(self, frame, event, arg) -> None:
         """With forbidden callables: every Python call, torch ops or not (an allocator's
@@ -261,7 +273,46 @@ class OpRecorder(TorchDispatchMode):
             if elements > self.largest:
                 self.largest, self.largest_shape = elements, tuple(t.shape)
                 self.largest_op = f"aten.{name}"
+            if self.track_live:
+                self._track(t, elements)
+        if self.track_live and self.live > self.peak_live:
+            self.peak_live, self.peak_live_op = self.live, f"aten.{name}"
         return result
+
+    def _track(self, t: torch.Tensor, elements: int) -> None:
+        """Count ``t``'s storage among the live ones until no tensor seen on it is left."""
+        pointer = _storage_pointer(t)
+        if pointer == 0:
+            return
+        entry = self._storages.get(pointer)
+        if entry is None:
+            entry = self._storages[pointer] = [0, 0]
+        if elements > entry[0]:                 # new, or grown in place
+            self.live += elements - entry[0]
+            entry[0] = elements
+        key = id(t)
+        if key in self._tensors:
+            return
+        try:
+            reference = weakref.ref(t, self._gone(key))
+        except TypeError:                       # a tensor that takes no weak reference
+            return
+        self._tensors[key] = (reference, pointer)
+        entry[1] += 1
+
+    def _gone(self, key: int) -> Callable:
+        def gone(_reference, owner_of=weakref.ref(self)):
+            owner = owner_of()
+            if owner is None:
+                return
+            _, pointer = owner._tensors.pop(key, (None, 0))
+            entry = owner._storages.get(pointer)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    owner.live -= entry[0]
+                    del owner._storages[pointer]
+        return gone
 
 
 class RecorderGuard(TorchDispatchMode):

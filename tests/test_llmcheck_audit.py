@@ -14,7 +14,8 @@ from llmcheck import audit
     ("sys._getframe", (None,), ""), ("sys.setprofile", (), ""), ("gc.get_objects", (-1,), ""),
     ("ctypes.dlopen", ("libc.so.6",), ""), ("exec", (None,), ""),
     ("object.__getattr__", (len, "__code__"), "builtin_function_or_method.__code__"),
-    ("import", ("ctypes.util", None), "ctypes.util")])
+    ("import", ("ctypes.util", None), "ctypes.util"), ("_thread.start_new_thread", (None,), ""),
+    ("llmcheck.mode_stack", ("_get_dispatch_stack_at",), "_get_dispatch_stack_at")])
 def test_the_events_evasion_needs_are_reported(event, args, detail):
     assert audit._reported(event, args) == detail
 

@@ -654,3 +654,85 @@ def test_each_shortcut_is_one_row_and_its_family_is_the_tables():
         assert all(op_family(op) == row.family for op in row.ops), row.what
     assert {"mm", "bmm", "addmm", "convolution", "_scaled_dot_product_flash_attention"} \
         <= PRODUCT_OPS and not {"matmul", "_softmax", "conv_tbc"} & PRODUCT_OPS
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory held at once, and torch's mode stacks watched (issue 31)
+# ------------------------------------------------------------------------------------------------
+
+def _online_tiles(q, k, v, tile):
+    """Attention over tiles of keys with an online softmax: one score tile alive at a time."""
+    running_max = torch.full((q.shape[0], 1), float("-inf"), dtype=q.dtype)
+    running_sum = torch.zeros_like(running_max)
+    acc = torch.zeros_like(q)
+    for start in range(0, k.shape[0], tile):
+        scores = q @ k[start:start + tile].T
+        new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
+        weights, rescale = torch.exp(scores - new_max), torch.exp(running_max - new_max)
+        running_sum = running_sum * rescale + weights.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + weights @ v[start:start + tile]
+        running_max = new_max
+    return acc / running_sum
+
+
+def _tiles_in_a_list(q, k, v, tile):
+    """The same answer from every score tile kept in a list (a two-pass softmax)."""
+    tiles = [q @ k[start:start + tile].T for start in range(0, k.shape[0], tile)]
+    top = torch.stack([t.amax(dim=-1) for t in tiles]).amax(dim=0).unsqueeze(-1)
+    weights = [torch.exp(t - top) for t in tiles]
+    total = sum(w.sum(dim=-1, keepdim=True) for w in weights)
+    return sum(w @ v[i * tile:(i + 1) * tile] for i, w in enumerate(weights)) / total
+
+
+def test_memory_held_at_once_counts_tiles_kept_in_a_list_whole():
+    q, k, v = (torch.randn(64, 4, dtype=torch.float64) for _ in range(3))
+    peaks = {}
+    for fn in (_online_tiles, _tiles_in_a_list):
+        recorder = OpRecorder(exempt=storages_of(q, k, v), track_live=True)
+        with recorder:
+            out = fn(q, k, v, 8)
+        torch.testing.assert_close(out, torch.softmax(q @ k.T, dim=-1) @ v)
+        assert recorder.largest <= 64 * 8            # one storage: both look like tiles
+        peaks[fn.__name__] = recorder.peak_live
+    assert peaks["_online_tiles"] < 64 * 64 <= peaks["_tiles_in_a_list"], peaks
+    without = OpRecorder()
+    with without:
+        _online_tiles(q, k, v, 8)
+    assert without.peak_live == 0                   # measured only when asked for
+
+
+def test_a_case_over_its_live_limit_fails_with_the_graders_sentence():
+    q, k, v = (torch.randn(64, 4, dtype=torch.float64) for _ in range(3))
+    test = ExerciseTest("test_live")
+    test.call(_online_tiles, q, k, v, 8, case="online", max_live_elements=64 * 64)
+    with pytest.raises(AssertionError, match="elements at once"):
+        test.call(_tiles_in_a_list, q, k, v, 8, case="list", max_live_elements=64 * 64)
+
+
+def test_torchs_mode_stacks_raise_an_audit_event_when_watched():
+    """In a fresh process (the kernel's audit install does it at start): the entry points are
+    replaced wherever torch holds them, each call raises the event, and the recorder still
+    works through them."""
+    code = """
+import sys, torch
+from llmcheck import audit
+from llmcheck.recorder import OpRecorder
+assert audit.watch_mode_stacks() >= len(audit.MODE_STACKS)
+assert audit.watch_mode_stacks() == 0                    # once
+seen = []
+sys.addaudithook(lambda event, args: seen.append(args[0]) if event == audit.MODE_EVENT else None)
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+with OpRecorder() as recorder:
+    found = _get_current_dispatch_mode()
+    torch.ones(2, 2) @ torch.ones(2, 2)
+assert found is recorder and recorder.products == 1
+assert torch._C._get_dispatch_stack_at.__module__ == "llmcheck.audit"
+print(sorted(set(seen)))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = done.stdout
+    for name in ("_push_on_torch_dispatch_stack", "_pop_torch_dispatch_stack",
+                 "_len_torch_dispatch_stack", "_get_dispatch_stack_at"):
+        assert name in seen, seen

@@ -2,7 +2,8 @@
 limits, without nbgrader, so that the learner's check runs in the learner's install (no nbgrader
 there). Each kernel runs in the course's sandbox
 (:class:`course.grading.sandbox.SandboxedKernelManager`) with preloaded modules, each cell keeps
-at most an output cap, each graded test cell gets its secret token just before it runs and runs
+at most an output cap, each graded test cell's secret token is answered to the kernel's first
+request for it on the stdin channel while the cell runs (never before: llmcheck/fresh.py), and runs
 in its own copy of the learner's namespace (llmcheck/scope.py: what it imports or assigns never
 replaces a learner's name), and the harness's state is asked for just after
 (course/grading/integrity.py). The kernel's audit hook (llmcheck/audit.py, installed before any
@@ -20,6 +21,7 @@ is no ``resource`` (Windows) the kernel runs without a memory limit and a warnin
 
 from __future__ import annotations
 
+import asyncio
 import ast
 import os
 
@@ -27,7 +29,8 @@ from jupyter_core.utils import run_sync
 from nbformat.v4 import new_output
 from traitlets import Integer, List, Unicode
 
-from llmcheck.record import AUDIT_MIME, MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME
+from llmcheck.record import (AUDIT_MIME, MAX_RECORD_CHARS, MAX_RECORDS_PER_CELL, RECORD_MIME,
+                             SECRET_PROMPT)
 from .cells import execute_class, is_test
 from .integrity import AUDIT_METADATA, HARNESS_CHANGES, HARNESS_METADATA, MAX_AUDIT_REPORTS
 from .sandbox import SandboxedKernelManager
@@ -91,6 +94,7 @@ class BoundedExecute(execute_class()):
         # whose reports leave the kernel as they happen, and the harness's state at start,
         # which the grader compares with after every test cell (llmcheck/integrity.py)
         code += harness_call("llmcheck.audit", "install")
+        code += harness_call("llmcheck.fresh", "install")
         code += f"{HARNESS}('llmcheck.integrity')\n"
         return code
 
@@ -137,16 +141,61 @@ class BoundedExecute(execute_class()):
         secret = self._secret()
         token = cell_token(secret, cell.metadata.nbgrader.get("grade_id", "")) if secret else None
         self._tell_kernel(harness_call("llmcheck.scope", "enter")
-                          + (harness_call("llmcheck.fresh", "receive", token) if secret else ""))
+                          + (harness_call("llmcheck.fresh", "expect") if secret else ""))
+        self._cell_token = token
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         finally:
+            self._cell_token = None
             self._tell_kernel((harness_call("llmcheck.fresh", "receive", None) if secret else "")
                               + harness_call("llmcheck.scope", "leave"))
         changes = self._tell_kernel("", ask=HARNESS_CHANGES)
         if changes:
             cell.metadata[HARNESS_METADATA] = changes
         return cell, resources
+
+    _cell_token: str | None = None
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None,
+                                 store_history=True):
+        """A test cell with a secret runs with the stdin channel open, answered by
+        :meth:`_answer_stdin` while it runs."""
+        token = self._cell_token
+        if token is None:
+            return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+        self.kc.allow_stdin = True
+        answering = asyncio.ensure_future(self._answer_stdin(token, cell_index))
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+        finally:
+            answering.cancel()
+            self.kc.allow_stdin = False
+
+    execute_cell = run_sync(async_execute_cell)
+
+    async def _answer_stdin(self, token: str, cell_index: int) -> None:
+        """Answer the cell's first request for its secret with the token, and every other input
+        request with nothing; each other request is kept as an audit report (evidence for the
+        instructor: llmcheck/fresh.py says why a second request means the secret was taken)."""
+        given = False
+        while True:
+            msg = await self.kc.get_stdin_msg(timeout=None)
+            if msg.get("msg_type") != "input_request":
+                continue
+            prompt = str(msg.get("content", {}).get("prompt", ""))
+            if prompt == SECRET_PROMPT and not given:
+                given = True
+                self.kc.input(token)
+                continue
+            self.kc.input("")
+            reports = self._audit.setdefault(cell_index, [])
+            if len(reports) < MAX_AUDIT_REPORTS:
+                reports.append({
+                    "event": "a second request for the cell's secret"
+                    if prompt == SECRET_PROMPT else "an input request", "detail": "",
+                    "line": 0, "function": "code before or inside the cell", "source": prompt})
 
     def _tell_kernel(self, code: str, ask: str = ""):
         """Run ``code`` silently (no history, no pre/post-run-cell events, no outputs); with

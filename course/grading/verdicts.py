@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from llmcheck.record import records_of as _records_in, too_large
+from llmcheck.record import records_of as _records_in, too_large, too_much_live
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,13 @@ def judge(grade_id: str, expected: list[dict], got: list[dict]) -> Verdict:
                 return Verdict(False, False, f"{where}: " + too_large(
                     largest["elements"], largest["shape"], largest.get("op"),
                     options["max_elements"]))
+        if "max_live_elements" in options:
+            live = have.get("live")
+            if not isinstance(live, dict) or not isinstance(live.get("elements"), int):
+                return Verdict(False, True, f"{where}: tampering detected: a malformed record")
+            if live["elements"] > options["max_live_elements"]:
+                return Verdict(False, False, f"{where}: " + too_much_live(
+                    live["elements"], live.get("op"), options["max_live_elements"]))
         if "view_of" in options and not (have.get("views") and all(
                 v is True for v in have["views"])):
             return Verdict(False, False, f"{where}: the result is a copy, not a view of the input")

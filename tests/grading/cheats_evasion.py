@@ -12,7 +12,13 @@ detected or marked for review:
 - library helpers (logsumexp for a softmax, however reached): refused by their aten op;
 - the harness reached through frames, profile hooks or ``exec`` written so that the syntax-tree
   screen does not see them (names built from strings, an alias of ``exec``): the kernel's audit
-  hook (llmcheck/audit.py) reports them ("audit hook saw"), so the run marks them for review.
+  hook (llmcheck/audit.py) reports them ("audit hook saw"), so the run marks them for review;
+- the live recorder taken from torch's own mode-stack API, and a ``make_fx`` trace replayed by the
+  learner's own loop: torch._C's mode-stack entry points raise an audit event (reviewed);
+- an IPython hook taking a test cell's secret before its cases run: the secret comes only on the
+  harness's request during the cell, once (llmcheck/fresh.py): asked first from stdin, every twin
+  fails and the second request is evidence; asked from the harness, nothing is given;
+- a whole matrix kept as tiles in a list: the memory held at once (``max_live_elements``).
 """
 
 from __future__ import annotations
@@ -192,6 +198,20 @@ def softmax_rows(x):
     return torch.exp(x - torch.where(torch.isinf(norm), torch.zeros_like(norm), norm))
 ''')}))
 
+SWAP_POLICY_AROUND_PRODUCT = '''    policy, ops = recorder.policy, recorder.ops.copy()
+    products, flops = recorder.products, recorder.flops
+    recorder.policy = type(policy)()
+    try:
+        result = a @ b
+    finally:
+        recorder.policy = policy
+    recorder.ops, recorder.products, recorder.flops = ops, products, flops
+    del recorder.violations[:]
+    return result
+'''
+"""The end of a dot that holds the live recorder: its policy emptied around a @ b, its counters
+and violations put back (the records alone cannot tell)."""
+
 AUDIT_CHEATS = [
     Cheat("frames_swap_policy", MATMUL,
           "dot walks the frames (sys._getframe reached by a name built from strings) to the "
@@ -215,17 +235,7 @@ def dot(a, b):
     recorder = _the_recorder()
     if recorder is None:
         return (a * b).sum()
-    policy, ops = recorder.policy, recorder.ops.copy()
-    products, flops = recorder.products, recorder.flops
-    recorder.policy = type(policy)()
-    try:
-        result = a @ b
-    finally:
-        recorder.policy = policy
-    recorder.ops, recorder.products, recorder.flops = ops, products, flops
-    del recorder.violations[:]
-    return result
-''')}),
+''' + SWAP_POLICY_AROUND_PRODUCT)}),
     Cheat("profile_off_by_strings", KV_CACHE,
           "generate_cached switches the profile hook off (sys.setprofile reached by a name built "
           "from strings) and hands the work to llmcore.generate (honest: 8): the library's "
@@ -260,5 +270,245 @@ def softmax_rows(x):
 ''')}),
 ]
 
-EVASION_CHEATS = MEMO_CHEATS + POP_CHEATS + HELPER_CHEATS + AUDIT_CHEATS
+TILED, QUANTIZATION, BACKWARD = "07_tiled_attention", "10_quantization", "08_backward"
+MODE_STACK = "audit hook saw llmcheck.mode_stack"
+SECOND_REQUEST = "audit hook saw a second request for the cell's secret"
+AT_ONCE = "elements at once"
+
+MODE_CHEATS = [
+    Cheat("mode_api_swaps_policy", MATMUL,
+          "dot takes the live recorder from torch's own _get_current_dispatch_mode (names built "
+          "from strings), swaps its policy for an empty one around a @ b, then puts back its "
+          "counters and empties its violations (honest, dot returning 0: 4): the records cannot "
+          "tell; the audit hook reports the mode stack read from the learner's cell",
+          score=12, failing=frozenset(), honest=4, review=MODE_STACK,
+          edits={"dot": Source('''
+_dispatch = getattr(getattr(torch, "utils"), "_python" + "_dispatch")
+
+def dot(a, b):
+    recorder = getattr(_dispatch, "_get_current" + "_dispatch_mode")()
+    if recorder is None or not hasattr(recorder, "violations"):
+        return (a * b).sum()
+''' + SWAP_POLICY_AROUND_PRODUCT)}),
+    Cheat("mode_stack_softmax", ATTENTION,
+          "softmax_rows reads the top of torch's dispatch stack through torch._C's own "
+          "functions (names built from strings), empties the recorder's policy around "
+          "torch.softmax and resets its op count and violations after (honest, torch.softmax: "
+          "8): the audit hook reports the stack read",
+          score=13, failing=frozenset(), honest=8, review=MODE_STACK,
+          edits={"softmax_rows": Source('''
+_native = getattr(torch, "_" + "C")
+
+def softmax_rows(x):
+    depth = getattr(_native, "_len_torch" + "_dispatch_stack")()
+    recorder = getattr(_native, "_get_dispatch" + "_stack_at")(depth - 1) if depth else None
+    if recorder is None or not hasattr(recorder, "violations"):
+        return torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
+    policy, ops, seen = recorder.policy, recorder.ops.copy(), len(recorder.violations)
+    recorder.policy = type(policy)()
+    try:
+        result = torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
+    finally:
+        recorder.policy = policy
+    recorder.ops = ops
+    del recorder.violations[seen:]
+    return result
+''')}),
+]
+
+SECRET_CHEATS = [
+    Cheat("hook_takes_secret", MATMUL,
+          "a pre_run_cell hook registered through IPython's events (reached by names built from "
+          "strings) asks the kernel's stdin for each test cell's secret before the harness can: "
+          "the harness's own request then comes back empty, so no case can run on fresh inputs "
+          "(every cell with a twin fails) and the executor records the second request",
+          score=1, failing=DOT_AND_MATMUL | {"test_project", "test_project_hidden"}, honest=12,
+          review=SECOND_REQUEST, reasons={"test_dot": FRESH},
+          edits={"dot": Source('''
+_STOLEN = []
+
+def _before_each_cell(info):
+    shell = get_ipython()
+    try:
+        _STOLEN.append(getattr(shell, "ker" + "nel").raw_input("llmcheck: this test cell's secret"))
+    except Exception:
+        pass
+
+getattr(get_ipython(), "ev" + "ents").register("pre_run_cell", _before_each_cell)
+
+def dot(a, b):
+    total = torch.zeros((), dtype=torch.result_type(a, b), device=a.device)
+    for i in range(a.shape[0]):
+        total = total + a[i] * b[i]
+    return total
+''')}),
+    Cheat("hook_asks_harness_for_secret", ATTENTION,
+          "a pre_run_cell hook (registered by names built from strings) asks the harness "
+          "itself for the cell's secret (llmcheck.fresh's own functions) to draw the hidden "
+          "masks' twins before any case runs; causal_mask answers from that table and the "
+          "released sizes' table, top-left otherwise (honest, top-left always: 10): the harness "
+          "gives no secret outside a test cell's own call",
+          score=10, failing=frozenset({"test_causal_mask", "test_causal_mask_hidden"}),
+          honest=10, reasons={"test_causal_mask": FRESH},
+          review="IPython pre_run_cell hooks: 0 -> 1",
+          edits={**ATTENTION_INLINE_MASK, "causal_mask": Source('''
+import llmcore
+
+_harness = __import__("llmcheck.fr" + "esh", fromlist=["x"])
+_TABLE = {size: llmcore.causal_mask(*size) for size in [(3, 3), (2, 4), (1, 5), (3, 7), (4, 4)]}
+_GOT = []
+
+def _before_each_cell(info):
+    secret = getattr(_harness, "_secret" + "_now")()
+    _GOT.append(secret)
+    if secret is not None:
+        for n in range(1, 9):
+            for m in range(n, 12):
+                _TABLE[(n, m)] = llmcore.causal_mask(n, m)
+
+getattr(get_ipython(), "ev" + "ents").register("pre_run_cell", _before_each_cell)
+
+def causal_mask(n, m):
+    known = _TABLE.get((n, m))
+    if known is not None:
+        return known.clone()
+    return torch.ones(n, m, dtype=torch.bool).tril()
+''')}),
+]
+
+TILE_CHEATS = [
+    Cheat("score_tiles_in_a_list", TILED,
+          "tiled_attention keeps every (n, tile) score tile in a list and takes a two-pass "
+          "softmax over them: no one tensor is larger than a tile, but the whole score matrix "
+          "is held at once (honest: the same answers without the memory cells, 10)",
+          score=10, failing=frozenset({"test_tiled_attention", "test_tiled_memory_hidden"}),
+          honest=10, reasons={"test_tiled_attention": AT_ONCE,
+                              "test_tiled_memory_hidden": AT_ONCE},
+          edits={"tiled_attention": Source('''
+def tiled_attention(q, k, v, block, causal=False):
+    n, m, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
+    q = q / math.sqrt(d_head)
+    rows = torch.arange(n, device=q.device).unsqueeze(-1)
+    tiles = []
+    for j0 in range(0, m, block):
+        j1 = min(j0 + block, m)
+        scores = q @ k[..., j0:j1, :].transpose(-2, -1)
+        if causal:
+            cols = torch.arange(j0, j1, device=q.device)
+            scores = scores.masked_fill(cols > rows + (m - n), float("-inf"))
+        tiles.append(scores)
+    top = tiles[0].amax(dim=-1, keepdim=True)
+    for scores in tiles[1:]:
+        top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    total = torch.zeros_like(top)
+    out = torch.zeros_like(q)
+    for j, scores in enumerate(tiles):
+        weights = torch.exp(scores - top)
+        total = total + weights.sum(dim=-1, keepdim=True)
+        out = out + weights @ v[..., j * block:(j + 1) * block, :]
+    return out / total
+''')}),
+    Cheat("dequantized_tiles_in_a_list", QUANTIZATION,
+          "quantized_linear dequantizes every group's tile first, keeps them all in a list and "
+          "multiplies after: each tile is small, but the whole matrix is held at once (honest: "
+          "the same answers without the memory cells, 14)",
+          score=14, failing=frozenset({"test_quantized_linear", "test_quantized_memory_hidden"}),
+          honest=14, reasons={"test_quantized_linear": AT_ONCE,
+                              "test_quantized_memory_hidden": AT_ONCE},
+          edits={"quantized_linear": Source('''
+def quantized_linear(x, packed, scale, zero, group):
+    half = group // 2
+    tiles = []
+    for t in range(scale.shape[0]):
+        codes = unpack_int4(packed[t * half:(t + 1) * half])
+        tiles.append((codes.to(scale.dtype) - zero[t]) * scale[t])
+    out = None
+    for t, tile in enumerate(tiles):
+        part = x[..., t * group:(t + 1) * group] @ tile
+        out = part if out is None else out + part
+    return out
+''')}),
+]
+
+REPLAY_GRAPH = '''
+def _replay(graph, *inputs):
+    env, given = {}, iter(inputs)
+    for node in graph.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(given)
+        elif node.op == "call_function":
+            args = torch.fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+            env[node] = node.target(*args, **kwargs)
+        elif node.op == "output":
+            return torch.fx.node.map_arg(node.args[0], env.__getitem__)
+'''
+"""The learner's own loop over a traced graph's nodes: each node's aten op called in turn."""
+
+TRACE_CHEATS = [
+    Cheat("replays_traced_softmax_vjp", BACKWARD,
+          "softmax_backward replays, node by node in its own loop, a graph that make_fx traced "
+          "from torch.func.vjp of softmax when the notebook ran (decomposed into mul, sum and "
+          "sub; the softmax node swapped for its input): the replay runs the same ops as the "
+          "formula written by hand, so the records cannot tell; the audit hook reports the "
+          "tracing mode pushed from the learner's cell (honest: the formula, 15)",
+          score=15, failing=frozenset(), honest=15, review=MODE_STACK,
+          edits={"softmax_backward": Source('''
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch._decomp import core_aten_decompositions
+
+def _vjp(a, d_a):
+    return torch.func.vjp(lambda s: torch.softmax(s, dim=-1), a.log())[1](d_a)[0]
+
+def _traced(rank):
+    shape = [2] * (rank - 1) + [3]
+    graph = make_fx(_vjp, decomposition_table=core_aten_decompositions(),
+                    tracing_mode="symbolic")(torch.rand(*shape).softmax(-1), torch.randn(*shape))
+    a_node = next(iter(graph.graph.nodes))
+    for node in reversed(list(graph.graph.nodes)):
+        if node.target is torch.ops.aten._softmax.default:
+            node.replace_all_uses_with(a_node)
+            graph.graph.erase_node(node)
+        elif node.target is torch.ops.aten.log.default and not node.users:
+            graph.graph.erase_node(node)
+    return graph
+
+_GRAPHS = {rank: _traced(rank) for rank in (1, 2, 3, 4)}
+
+''' + REPLAY_GRAPH + '''
+def softmax_backward(a, d_a):
+    return _replay(_GRAPHS[a.dim()], a, d_a)
+''')}),
+    Cheat("replays_traced_linear_vjp", BACKWARD,
+          "linear_backward replays, in its own loop, graphs that make_fx traced from "
+          "torch.func.vjp of x @ w + b when the notebook ran (one per input rank, symbolic "
+          "sizes): the records cannot tell; the audit hook reports the tracing mode pushed "
+          "from the learner's cell (honest: the formulas, 15)",
+          score=15, failing=frozenset(), honest=15, review=MODE_STACK,
+          edits={"linear_backward": Source('''
+from torch.fx.experimental.proxy_tensor import make_fx
+
+def _linear(x, w, b):
+    return x @ w + b
+
+def _vjp(x, w, b, d_out):
+    return torch.func.vjp(_linear, x, w, b)[1](d_out)
+
+def _traced(rank):
+    x = torch.randn(*([2] * (rank - 1)), 3)
+    w, b = torch.randn(3, 4), torch.randn(4)
+    return make_fx(_vjp, tracing_mode="symbolic")(x, w, b, torch.randn(*x.shape[:-1], 4))
+
+_GRAPHS = {rank: _traced(rank) for rank in (2, 3, 4)}
+
+''' + REPLAY_GRAPH + '''
+def linear_backward(x, w, d_out):
+    bias = torch.zeros(w.shape[1], dtype=w.dtype)
+    return tuple(_replay(_GRAPHS[x.dim()], x, w, bias, d_out))
+''')}),
+]
+
+EVASION_CHEATS = (MEMO_CHEATS + POP_CHEATS + HELPER_CHEATS + AUDIT_CHEATS + MODE_CHEATS
+                  + SECRET_CHEATS + TILE_CHEATS + TRACE_CHEATS)
 """Appended to cheats.CHEATS (graded in tests/test_grading_verdicts.py's one cheat run)."""
