@@ -13,7 +13,7 @@ frame, traceback or generator's frame attributes, a function's ``__code__``, ``_
 ``__closure__``), tracing and profiling hooks (``sys.settrace``, ``sys.setprofile``), another
 audit hook, the garbage collector's walks (``gc.get_objects``, ``get_referrers``,
 ``get_referents``), ``ctypes``, ``exec`` and ``compile``, functions and code objects built by
-hand, a new Python thread, and the first import of torch's dispatch or foreign-function
+hand, an attribute of one of the harness's classes set or deleted, a new Python thread, and the first import of torch's dispatch or foreign-function
 modules. An event is reported only when the code that caused it is the learner's: the nearest
 frame outside a few reflection modules of the standard library (``inspect``, ``traceback``,
 ``ctypes``, ``importlib``...) belongs to a notebook cell, so torch's, IPython's, the standard
@@ -105,7 +105,13 @@ def _reported(event: str, args: tuple) -> str | None:
         return None
     if event.startswith("object."):
         name = args[1] if len(args) > 1 else ""
-        return f"{type(args[0]).__name__}.{name}" if name in ATTRIBUTES else None
+        if name in ATTRIBUTES:
+            return f"{type(args[0]).__name__}.{name}"
+        target = args[0] if args else None
+        if event != "object.__getattr__" and isinstance(target, type) \
+                and str(getattr(target, "__module__", "")).startswith("llmcheck"):
+            return f"{target.__name__}.{name}"          # a harness class changed
+        return None
     if event == "import":
         name = str(args[0]) if args else ""
         return name if name.startswith(MODULES) else None

@@ -212,6 +212,15 @@ class Test:
     forbid: targets as for :func:`llmcheck.recorder.forbid` (the cell's policy for every case).
     """
 
+    __slots__ = ("cell", "policy", "cases", "last")     # no attribute can be added to a test
+
+    _rebound: Callable[[], list[str]] = staticmethod(lambda: [])
+    """The harness's names rebound since the kernel started (a graded kernel's
+    ``llmcheck.integrity`` installs the check when it starts; none elsewhere). Asked before each
+    case and right after the learner's function returns, before any harness function it could
+    have replaced runs: a replaced harness function fails the case, even when it is put back
+    before the cell ends."""
+
     def __init__(self, cell: str, *, forbid=(), hint: str = ""):
         self.cell = cell
         self.policy = Policy.of(tuple(forbid), hint)
@@ -219,6 +228,7 @@ class Test:
         self.last: OpRecorder | None = None     # the last case's recorder (ops, products, flops)
 
     def _run(self, fn: Callable, args, kwargs, inputs=(), track_live: bool = False):
+        rebound = self._rebound()
         recorder = OpRecorder(self.policy, exempt=storages_of(args, kwargs, inputs),
                               track_live=track_live)
         error = None
@@ -232,6 +242,12 @@ class Test:
                     result = fn(*args, **kwargs)
                 except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
                     error = raised
+                rebound += self._rebound()
+                if rebound:
+                    recorder.violations.append(
+                        "the checking harness was changed while the cell ran ("
+                        + ", ".join(dict.fromkeys(rebound)) + " replaced), so its records "
+                        "cannot be trusted")
                 if error is None and _unseen(result, recorder, (args, kwargs, inputs)):
                     recorder.violations.append(
                         "the result was not computed by operations the test could see (a tensor "

@@ -8,14 +8,19 @@ tracing hook, an IPython hook that runs before or after every cell) is evidence 
 instructor's review (course/grading/review.py), never a lost point.
 
 This check runs in the learner's process: code that restores everything before the grader asks,
-or that replaces this module's answer, is not caught by it (course/grading/VERDICTS.md, section
-6, lists what remains).
+or that replaces this module's answer, is not caught by it. So when it is imported it also
+installs :func:`rebinding_check` in ``llmcheck.cases.Test``, which asks it before every case and
+right after the learner's function returns: a harness function, class or module replaced in an
+llmcheck namespace fails the case even when it is put back before the cell ends
+(course/grading/VERDICTS.md, section 6, lists what remains).
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import types
+from typing import Callable
 
 WATCHED = {
     "llmcheck.cases": ("Test.call", "Test.raises", "Test._case", "Test._run", "Test._publish",
@@ -126,3 +131,37 @@ def changes() -> list[str]:
             found.append(f"{key}: replaced" if isinstance(before, tuple) else
                          f"{key}: {before} -> {after}")
     return found
+
+
+_BOUND = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+          types.ModuleType)
+"""What :func:`rebinding_check` watches in a namespace: code, classes and modules (not data)."""
+
+
+def rebinding_check(package: str = "llmcheck") -> Callable[[], list[str]]:
+    """A check for use while a test cell runs: the names of the package's modules (every
+    function, class and module bound in their namespaces now, kept in the check's closure) that
+    are bound to something else when it is called; ``[]`` when none. Unlike :func:`changes`,
+    which the grader asks for after the cell, it catches a harness function replaced and put
+    back within the cell (from an IPython hook, or by the learner's function during a case)."""
+    watched = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == package or name.startswith(package + ".")):
+            continue
+        namespace = vars(module)
+        watched.append((name, namespace, tuple((key, value) for key, value in namespace.items()
+                                               if isinstance(value, _BOUND))))
+
+    def rebound() -> list[str]:
+        return [f"{name}.{key}" for name, namespace, bound in watched for key, value in bound
+                if namespace.get(key) is not value]
+
+    return rebound
+
+
+def _install_rebinding_check() -> None:
+    from .cases import Test
+    Test._rebound = staticmethod(rebinding_check())
+
+
+_install_rebinding_check()

@@ -15,7 +15,8 @@ from llmcheck import audit
     ("ctypes.dlopen", ("libc.so.6",), ""), ("exec", (None,), ""),
     ("object.__getattr__", (len, "__code__"), "builtin_function_or_method.__code__"),
     ("import", ("ctypes.util", None), "ctypes.util"), ("_thread.start_new_thread", (None,), ""),
-    ("llmcheck.mode_stack", ("_get_dispatch_stack_at",), "_get_dispatch_stack_at")])
+    ("llmcheck.mode_stack", ("_get_dispatch_stack_at",), "_get_dispatch_stack_at"),
+    ("object.__setattr__", (__import__("llmcheck.cases").cases.Test, "_run", None), "Test._run")])
 def test_the_events_evasion_needs_are_reported(event, args, detail):
     assert audit._reported(event, args) == detail
 

@@ -42,3 +42,16 @@ def test_a_renamed_harness_function_fails_where_the_kernel_starts():
 def test_a_function_removed_after_the_start_is_a_change(monkeypatch):
     monkeypatch.delattr(cases.Test, "raises")
     assert integrity.changes() == ["llmcheck.cases.Test.raises: replaced"]
+
+
+def test_the_rebinding_check_names_a_harness_function_replaced_and_put_back():
+    from llmcheck import cases
+    check = integrity.rebinding_check()
+    assert check() == []
+    original = cases._canaries
+    cases._canaries = lambda recorder: {}
+    try:
+        assert check() == ["llmcheck.cases._canaries"]
+    finally:
+        cases._canaries = original
+    assert check() == []

@@ -18,7 +18,9 @@ detected or marked for review:
 - an IPython hook taking a test cell's secret before its cases run: the secret comes only on the
   harness's request during the cell, once (llmcheck/fresh.py): asked first from stdin, every twin
   fails and the second request is evidence; asked from the harness, nothing is given;
-- a whole matrix kept as tiles in a list: the memory held at once (``max_live_elements``).
+- a whole matrix kept as tiles in a list: the memory held at once (``max_live_elements``);
+- the harness's functions replaced for one cell and put back before the grader asks: the
+  rebinding check before every case and right after the learner's function returns.
 """
 
 from __future__ import annotations
@@ -509,6 +511,75 @@ def linear_backward(x, w, d_out):
 ''')}),
 ]
 
+REBOUND = "the checking harness was changed while the cell ran"
+
+LENIENT_HARNESS = '''
+_cases = __import__("llmcheck.ca" + "ses", fromlist=["Test"])
+_REAL = {name: vars(_cases)[name] for name in ("OpRecorder", "_canaries")}
+
+class _Lenient(_REAL["OpRecorder"]):
+    def __post_init__(self):
+        self.policy = type(self.policy)()
+        super().__post_init__()
+
+def _all_well(recorder):
+    return {"recorder": True, "forbid": True, "numpy": True}
+
+def _swap(*_):
+    vars(_cases).update(OpRecorder=_Lenient, _canaries=_all_well)
+
+def _put_back(*_):
+    vars(_cases).update(_REAL)
+'''
+"""A recorder that allows everything and canaries that always pass, swapped into the harness's
+namespace (through ``vars``, which raises no audit event) and put back."""
+
+PATCH_CHEATS = [
+    Cheat("hooks_swap_harness_and_restore", MATMUL,
+          "a pre_run_cell hook swaps the harness's recorder for one that allows every op and its "
+          "canaries for ones that always pass, and a post_run_cell hook puts both back before "
+          "the grader asks (registered by names built from strings); dot and matmul use @ "
+          "(honest, dot returning 0 and matmul's loop: 4): every case sees the harness "
+          "replaced when it starts",
+          score=0, failing=DOT_AND_MATMUL | {"test_matmul_error", "test_project",
+                                             "test_project_hidden"},
+          honest=4, reasons={"test_dot": REBOUND, "test_matmul": REBOUND},
+          review="IPython pre_run_cell hooks: 0 -> 1",
+          edits={"dot": Source(LENIENT_HARNESS + '''
+_events = getattr(get_ipython(), "ev" + "ents")
+_events.register("pre_run_cell", _swap)
+_events.register("post_run_cell", _put_back)
+
+def dot(a, b):
+    return a @ b
+'''), "matmul": Replace(LIBRARY_MATMUL, "return a @ b")}),
+    Cheat("rebinds_harness_in_call", ATTENTION,
+          "softmax_rows computes its first call honestly, and during it swaps the harness's "
+          "recorder and canaries for lenient ones, so every later case may use torch.softmax "
+          "(honest, torch.softmax: 8): the check right after the function returns sees the "
+          "harness replaced",
+          score=0, failing=frozenset({"test_softmax", "test_softmax_large_hidden",
+                                      "test_softmax_masked_hidden", "test_causal_mask",
+                                      "test_causal_mask_hidden", "test_attention",
+                                      "test_attention_hidden"}),
+          honest=8, reasons={"test_softmax": REBOUND, "test_attention": REBOUND},
+          review="llmcheck.cases._canaries: replaced",
+          edits={"softmax_rows": Source(LENIENT_HARNESS + '''
+_STATE = {"swapped": False}
+
+def softmax_rows(x):
+    if _STATE["swapped"]:
+        return torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
+    _STATE["swapped"] = True
+    _swap()
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    exps = torch.exp(x - top)
+    total = exps.sum(dim=-1, keepdim=True)
+    return exps / torch.where(total == 0, torch.ones_like(total), total)
+''')}),
+]
+
 EVASION_CHEATS = (MEMO_CHEATS + POP_CHEATS + HELPER_CHEATS + AUDIT_CHEATS + MODE_CHEATS
-                  + SECRET_CHEATS + TILE_CHEATS + TRACE_CHEATS)
+                  + SECRET_CHEATS + TILE_CHEATS + TRACE_CHEATS + PATCH_CHEATS)
 """Appended to cheats.CHEATS (graded in tests/test_grading_verdicts.py's one cheat run)."""
