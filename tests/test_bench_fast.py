@@ -29,6 +29,16 @@ def ratio(report: str, label: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")
+def test_reports_a_llama_shape_in_every_precision_against_transformers(report):
+    for b in (1, 3):
+        for p in ("fp32", "bf16"):
+            assert ratio(report, f"tiny Llama batch {b}, fast {p} / transformers {p} tokens/s") > 0
+        assert ratio(report, f"tiny Llama batch {b}, fast w8a8 / transformers int8 tokens/s") > 0
+        for p in ("bf16", "int8", "w8a8", "int4"):
+            assert ratio(report, f"tiny Llama batch {b}, fast {p} / fast fp32 tokens/s") > 0
+
+
 def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
     assert float(re.search(r"^memory bandwidth: ([\d.]+) GB/s", report, re.M).group(1)) > 0
     for b in (1, 3):

@@ -20,6 +20,9 @@
   loaded and quantized once: the preparation time is printed apart from the generation's,
   and so is each row's kernel, the arithmetic it does at that batch size (on the CPU the
   weight-only precisions serve large batches "dequantized once": ``llmcore.lowbit.dense``);
+* the same table by precision on a Llama shape (:data:`LLAMA_GQA`: grouped-query attention,
+  SwiGLU, RoPE), against transformers' ``LlamaForCausalLM`` of random weights in fp32, bf16 and
+  ``quantize_dynamic`` int8, llmcore's model loaded from it (``llmcore.llama.from_hf``);
 * the tied output projection of one token read as the embedding (v, d) and from the fast path's
   transposed (d, v) copy, and what the copy costs;
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
@@ -74,11 +77,11 @@ BANDWIDTH_SHARE_AT_LEAST = 0.75
 bandwidth."""
 
 
-PEER_OF = {"bf16": "bf16", "int8": "int8", "w8a8": "int8"}
+PEER_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "w8a8": "int8"}
 """The transformers peer each precision is compared with: bf16 with the bfloat16 model, both
 int8 precisions with the dynamically quantized one (int8 weights and int8 activations)."""
 
-GOALS_FOR = ("bf16", "w8a8")
+GOALS_FOR = ("fp32", "bf16", "w8a8")
 """The precisions issue 23's goals are held to: bf16, and for "int8" the fast path that does
 the peer's own arithmetic (int8 x int8); weight-only int8 is measured beside it, no goal."""
 
@@ -111,10 +114,23 @@ GPT2_SMALL = GPTConfig(vocab_size=50257, max_seq_len=1024, d_model=768, n_heads=
 
 TINY = GPTConfig(vocab_size=64, max_seq_len=64, d_model=32, n_heads=2, n_layers=1)
 
+LLAMA_GQA = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                 num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
+                 rope_theta=500000.0, tie_word_embeddings=False)
+"""A Llama shape (transformers' ``LlamaConfig`` fields): GPT-2 small's width and depth with
+grouped-query attention (12 query heads share 4 key/value heads), SwiGLU and RoPE; about 110M
+parameters, random weights."""
+
+LLAMA_TINY = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  tie_word_embeddings=False)
+LLAMA_LABEL = "Llama GQA"
+
 
 @dataclass(frozen=True)
 class Sizes:
     shapes: tuple[tuple[str, GPTConfig], ...]   # (label, config) of each generation model
+    llama: dict                                 # the Llama shape (transformers' LlamaConfig)
     prompt: int                                 # prompt tokens (the longest, at batch 16)
     new_tokens: int                             # generated per sequence
     batches: tuple[int, ...]
@@ -130,11 +146,13 @@ class Sizes:
     min_seconds: float                          # each timed repeat lasts at least this long
 
 
-FULL = Sizes(shapes=(("4M", MODEL_4M), ("GPT-2 small", GPT2_SMALL)), prompt=16, new_tokens=32,
+FULL = Sizes(shapes=(("4M", MODEL_4M), ("GPT-2 small", GPT2_SMALL)), llama=LLAMA_GQA,
+             prompt=16, new_tokens=32,
              batches=(1, 16), repeats=3, bandwidth_mib=256, paged_lengths=(20, 900),
              paged_batch=16, block_size=16, attention_heads=8, explicit_ns=(512, 2048),
              tiled_n=4096, compile_check=True, min_seconds=0.05)
-QUICK = Sizes(shapes=(("tiny", TINY),), prompt=6, new_tokens=4, batches=(1, 3), repeats=1,
+QUICK = Sizes(shapes=(("tiny", TINY),), llama=LLAMA_TINY, prompt=6, new_tokens=4,
+              batches=(1, 3), repeats=1,
               bandwidth_mib=4, paged_lengths=(2, 30), paged_batch=4, block_size=4,
               attention_heads=2, explicit_ns=(32,), tiled_n=64, compile_check=False, min_seconds=0.0)
 
@@ -317,6 +335,38 @@ def precision_peers(model: GPT, directory: str) -> tuple[dict, str]:
         f"torch deprecates this API), prepared once in {format_seconds(quantizing)}")
 
 
+def llama_and_peers(shape: dict, device: torch.device):
+    """A random transformers ``LlamaForCausalLM`` of ``shape``, llmcore's Llama loaded from it
+    (``llmcore.llama.from_hf``: the same weights), and its peers by precision: {"fp32", "bf16",
+    "int8" (quantize_dynamic)}; (None, {}, why not) without transformers."""
+    try:
+        import transformers
+        from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
+    except ImportError as err:
+        return None, {}, f"transformers is not installed ({err}); pip install -e '.[dev]'"
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
+    from llmcore.llama import from_hf
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    fp32 = LlamaForCausalLM(HFLlamaConfig(**shape, attn_implementation="sdpa")).to(device).eval()
+    model = from_hf(fp32, device=device).eval()
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16).eval()
+    start = time.perf_counter()
+    with warnings.catch_warnings():        # torch 2.13 deprecates quantized tensors: said below
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        int8 = quantize_dynamic(copy.deepcopy(fp32), {nn.Linear}, dtype=torch.qint8).eval()
+    quantizing = time.perf_counter() - start
+    matrices = sum(isinstance(m, nn.Linear) for m in fp32.modules())
+    return model, {"fp32": fp32, "bf16": bf16, "int8": int8}, (
+        f"transformers {transformers.__version__}: LlamaForCausalLM of random weights, sdpa "
+        f"attention, loaded into llmcore by llmcore.llama.from_hf; bf16 = a bfloat16 copy; "
+        f"int8 = quantize_dynamic (qint8) of its {matrices} matrices (torch deprecates this "
+        f"API), prepared once in {format_seconds(quantizing)}")
+
+
 def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch: int = 1,
                    context: int = 16, sizes: Sizes = FULL) -> list[dict]:
     """One decode step of the fast path in each precision at ``batch`` rows after
@@ -392,7 +442,8 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
                                       else None), checked=checked)
         for p in PRECISIONS[1:]:
             goal = (VS_FP32_AT_LEAST.get((p, b), LOWER_VS_FP32_AT_LEAST)
-                    if label == "GPT-2 small" else None)
+                    if label == "GPT-2 small" else
+                    LOWER_VS_FP32_AT_LEAST if label == LLAMA_LABEL else None)
             write_ratio(out, f"{label} batch {b}, fast {p} / fast fp32 tokens/s",
                         rate[f"fast {p}"] / rate["fast fp32"], at_least=goal, checked=checked)
         prepared.clear()
@@ -622,6 +673,15 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
         if sizes.compile_check and label == "4M":
             with_and_without_compile(out, model, sizes)
         del model, peer
+    model, peers, note = llama_and_peers(sizes.llama, device)
+    if model is None:
+        out.write(f"\n{LLAMA_LABEL} skipped: {note}\n")
+    else:
+        label = LLAMA_LABEL if sizes is FULL else "tiny Llama"
+        out.write(f"\npeers by precision, {label} ({model.num_parameters() / 1e6:.1f}M "
+                  f"parameters): {note}\n")
+        precision_generation(out, label, model, peers, sizes, checked)
+    del model, peers
     paged_mixed_lengths(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes,
                         checked)
     shared_prefix(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes, checked)
