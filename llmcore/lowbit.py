@@ -24,7 +24,10 @@ The kernel is picked per batch size (:func:`format_of`): on the CPU, from a row'
 from 8) run :func:`dense`, their rounded weights dequantized once into float32 and multiplied
 in float32, since their kernels widen every weight for every block of rows and fall behind
 float32's own at large batches (the measurements are at :data:`BF16_DENSE_FROM_BATCH` and
-:data:`INT_DENSE_FROM_BATCH`); the benchmark prints each setting's kernel.
+:data:`INT_DENSE_FROM_BATCH`). On a CPU that multiplies bfloat16 in hardware
+(:func:`bf16_arithmetic`: AVX512-BF16 or AMX), "bf16" stays bfloat16 at every batch size and
+"int8" and "int4" are dequantized once into bfloat16 and multiplied in bfloat16, the faster
+arithmetic there; the benchmark prints each setting's kernel.
 
 The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
 the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
@@ -35,6 +38,7 @@ Chapter 13.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable, NamedTuple
 
@@ -286,17 +290,36 @@ one thread: int8 at 1.81x, 1.59x and 0.93x float32's speed at batch 1, 4 and 16;
 between 4 and 16."""
 
 
-def dense(precision: str) -> Format:
+@functools.cache
+def _cpu_multiplies_bf16() -> bool:
+    cpu = getattr(torch, "cpu", None)
+    try:
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    except AttributeError:                      # an older torch: assume the widening CPU
+        return False
+
+
+def bf16_arithmetic(device: torch.device) -> bool:
+    """Whether ``device`` is a CPU that multiplies bfloat16 in hardware (AVX512-BF16 or AMX),
+    so that bfloat16 weights and activations beat float32 at every batch size (one (16, 768) by
+    (768, 3072) product: 2.8x float32's speed on an AMD EPYC with AVX512-BF16); elsewhere
+    oneDNN widens every bfloat16 weight for every product (:data:`BF16_DENSE_FROM_BATCH`)."""
+    return device.type == "cpu" and _cpu_multiplies_bf16()
+
+
+def dense(precision: str, dtype: torch.dtype = torch.float32) -> Format:
     """How a weight-only precision serves large batches on the CPU ("dequantized once"): its
     matrices rounded as ``precision`` rounds them (:func:`llmcore.quantize.round_weight`: the
     bf16 values, int8 per column, int4 per group of :data:`INT4_GROUP_SIZE`) and kept in
-    float32, the activations, the KV cache and every product in float32 (``torch.addmm`` or
-    oneDNN's packed kernel, as "fp32"), its head rounded as the precision's head. The same
-    weights as the precision's kernel at batch 1, float32 arithmetic on them, float32's speed
-    and bytes. Chapter 13."""
+    ``dtype``, the activations, the KV cache and every product in ``dtype`` (``torch.addmm`` or
+    oneDNN's packed kernel, as "fp32" or "bf16"), its head rounded as the precision's head. The
+    same weights as the precision's kernel at batch 1 (in bfloat16, rounded once more to its 8
+    bits of mantissa), that dtype's arithmetic on them: float32 by default, bfloat16 where the
+    CPU multiplies it in hardware (:func:`format_of`). Chapter 13."""
     fmt = FORMATS[precision]
-    return Format(torch.float32, head=fmt.head, rounding=precision,
-                  kernel=f"float32 products on {precision}-rounded weights (dequantized once)")
+    name = str(dtype).removeprefix("torch.")
+    return Format(dtype, head=fmt.head, rounding=precision,
+                  kernel=f"{name} products on {precision}-rounded weights (dequantized once)")
 
 
 FORMATS = {
@@ -324,7 +347,8 @@ def format_of(precision: str | None, device: torch.device, batch_size: int = 1) 
     """The row of :data:`FORMATS` for ``precision`` (:data:`NATIVE` for None), refused with what
     was expected if it is unknown or its kernel does not run on ``device``; on the CPU, from
     the row's ``dense_from`` batch size on, the precision's :func:`dense` form (the kernel per
-    batch size). Chapter 13."""
+    batch size); on a CPU with bfloat16 arithmetic (:func:`bf16_arithmetic`) "bf16" keeps its
+    row at every batch size and the others' dense form multiplies in bfloat16. Chapter 13."""
     if precision is None:
         return NATIVE
     if precision not in FORMATS:
@@ -336,5 +360,8 @@ def format_of(precision: str | None, device: torch.device, batch_size: int = 1) 
         raise ValueError(f"precision={precision!r} uses {fmt.kernel}; the model is on "
                          f"{device}{engines}")
     if device.type == "cpu" and fmt.dense_from is not None and batch_size >= fmt.dense_from:
-        return dense(precision)
+        if not bf16_arithmetic(device):
+            return dense(precision)
+        if precision != "bf16":             # bf16 itself needs no dense form on such a CPU
+            return dense(precision, torch.bfloat16)
     return fmt

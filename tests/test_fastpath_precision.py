@@ -328,19 +328,29 @@ def test_a_held_fast_models_prepares_each_model_and_precision_once(precision, mo
     assert prepared.preparations == 5
 
 
-def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic():
+@pytest.mark.parametrize("multiplies_bf16", [False, True])
+def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch,
+                                                                     multiplies_bf16):
     """On the CPU a weight-only precision serves large batches dense (its rounded weights in
-    float32, float32 products: lowbit.dense); w8a8 and fp32 never change; nor does any
-    precision on another device."""
+    float32, float32 products: lowbit.dense), but on a CPU that multiplies bfloat16 in hardware
+    bf16 stays bfloat16 and int8 and int4 are dense in bfloat16; w8a8 and fp32 never change;
+    nor does any precision on another device."""
+    from llmcore import lowbit
     from llmcore.lowbit import (BF16_DENSE_FROM_BATCH, FORMATS, INT_DENSE_FROM_BATCH,
                                 format_of)
+    monkeypatch.setattr(lowbit, "_cpu_multiplies_bf16", lambda: multiplies_bf16)
     cpu, meta = torch.device("cpu"), torch.device("meta")
+    if multiplies_bf16:
+        assert all(format_of("bf16", cpu, b) is FORMATS["bf16"] for b in (1, 2, 16, 64))
     starts = {"bf16": BF16_DENSE_FROM_BATCH, "int8": INT_DENSE_FROM_BATCH,
               "int4": INT_DENSE_FROM_BATCH}
     for precision, start in starts.items():
+        if precision == "bf16" and multiplies_bf16:
+            continue
         assert format_of(precision, cpu, start - 1) is FORMATS[precision]
         fmt = format_of(precision, cpu, start)
-        assert (fmt.dtype, fmt.rounding, fmt.prepare) == (torch.float32, precision, None)
+        arithmetic = torch.bfloat16 if multiplies_bf16 else torch.float32
+        assert (fmt.dtype, fmt.rounding, fmt.prepare) == (arithmetic, precision, None)
         assert "dequantized once" in fmt.kernel
         assert format_of(precision, meta, 16) is FORMATS[precision]
     for precision in ("fp32", "w8a8"):
@@ -348,11 +358,14 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic():
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
-def test_a_dense_batch_is_float32_arithmetic_on_the_rounded_weights(precision):
+def test_a_dense_batch_is_float32_arithmetic_on_the_rounded_weights(precision, monkeypatch):
     """At a large batch the precision's logits equal the float32 teaching forward of the
     model with its matrices rounded as the precision rounds them (head too: int8 for int4's),
-    to float32's tolerance: the arithmetic the benchmark states."""
+    to float32's tolerance: the arithmetic the benchmark states (bf16's dense form: a CPU
+    without bfloat16 arithmetic, as if this one had none)."""
+    from llmcore import lowbit
     from llmcore.lowbit import INT_DENSE_FROM_BATCH
+    monkeypatch.setattr(lowbit, "_cpu_multiplies_bf16", lambda: False)
     model = model_of("llama", seed=8)
     rounded = fake_quantize(model, precision)
     with torch.no_grad():
