@@ -206,6 +206,14 @@ def _raiser(error: BaseException) -> Callable:
     return cannot_copy
 
 
+def install_rebinding_check() -> None:
+    """Give :class:`Test` the harness's rebinding check (:func:`llmcheck.integrity.rebinding_check`),
+    its baseline taken now: the grader's executor calls it when the kernel starts, after every
+    harness module is loaded and before any learner code runs."""
+    from .integrity import rebinding_check
+    Test._rebound = staticmethod(rebinding_check())
+
+
 class Test:
     """One test cell's cases: ``Test(grade_id, forbid=(...), hint=...)``, then ``call``/``raises``.
 
@@ -215,8 +223,8 @@ class Test:
     __slots__ = ("cell", "policy", "cases", "last")     # no attribute can be added to a test
 
     _rebound: Callable[[], list[str]] = staticmethod(lambda: [])
-    """The harness's names rebound since the kernel started (a graded kernel's
-    ``llmcheck.integrity`` installs the check when it starts; none elsewhere). Asked before each
+    """The harness's names rebound since the kernel started (the grader's executor installs the
+    check when the kernel starts, :func:`install_rebinding_check`; none elsewhere). Asked before each
     case and right after the learner's function returns, before any harness function it could
     have replaced runs: a replaced harness function fails the case, even when it is put back
     before the cell ends."""

@@ -8,9 +8,10 @@ tracing hook, an IPython hook that runs before or after every cell) is evidence 
 instructor's review (course/grading/review.py), never a lost point.
 
 This check runs in the learner's process: code that restores everything before the grader asks,
-or that replaces this module's answer, is not caught by it. So when it is imported it also
-installs :func:`rebinding_check` in ``llmcheck.cases.Test``, which asks it before every case and
-right after the learner's function returns: a harness function, class or module replaced in an
+or that replaces this module's answer, is not caught by it. So right after importing it, the
+grader's executor installs :func:`rebinding_check` in ``llmcheck.cases.Test``
+(``llmcheck.cases.install_rebinding_check``), which asks it before every case and right after
+the learner's function returns: a harness function, class or module replaced in an
 llmcheck namespace fails the case even when it is put back before the cell ends
 (course/grading/VERDICTS.md, section 6, lists what remains).
 """
@@ -158,10 +159,3 @@ def rebinding_check(package: str = "llmcheck") -> Callable[[], list[str]]:
 
     return rebound
 
-
-def _install_rebinding_check() -> None:
-    from .cases import Test
-    Test._rebound = staticmethod(rebinding_check())
-
-
-_install_rebinding_check()

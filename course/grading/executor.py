@@ -96,6 +96,7 @@ class BoundedExecute(execute_class()):
         code += harness_call("llmcheck.audit", "install")
         code += harness_call("llmcheck.fresh", "install")
         code += f"{HARNESS}('llmcheck.integrity')\n"
+        code += harness_call("llmcheck.cases", "install_rebinding_check")
         return code
 
     async def async_start_new_kernel(self, **kwargs):
