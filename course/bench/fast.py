@@ -296,7 +296,6 @@ def quantized_peer(peer):
     the same weights, then ``quantize_dynamic`` makes every ``nn.Linear`` int8 weights with
     activations quantized on the fly. -> (model, how many matrices it quantized)."""
     from torch import nn
-    from torch.ao.quantization import quantize_dynamic
     from transformers.pytorch_utils import Conv1D
 
     peer = copy.deepcopy(peer)
@@ -310,8 +309,18 @@ def quantized_peer(peer):
                     linear.bias.copy_(child.bias)
                 setattr(parent, name, linear)
     peer.lm_head.weight = nn.Parameter(peer.lm_head.weight.detach().clone())   # untie
+    return dynamic_int8(peer)
+
+
+def dynamic_int8(peer):
+    """``quantize_dynamic`` (qint8) of every ``nn.Linear`` of ``peer``, in place: (the model,
+    how many matrices it quantized). torch 2.13 deprecates quantized tensors: its warnings are
+    silenced here, and the benchmark says so beside each peer."""
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
     matrices = sum(isinstance(m, nn.Linear) for m in peer.modules())
-    with warnings.catch_warnings():        # torch 2.13 deprecates quantized tensors: said above
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return quantize_dynamic(peer, {nn.Linear}, dtype=torch.qint8).eval(), matrices
@@ -344,9 +353,6 @@ def llama_and_peers(shape: dict, device: torch.device):
         from transformers import LlamaConfig as HFLlamaConfig, LlamaForCausalLM
     except ImportError as err:
         return None, {}, f"transformers is not installed ({err}); pip install -e '.[dev]'"
-    from torch import nn
-    from torch.ao.quantization import quantize_dynamic
-
     from llmcore.llama import from_hf
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
@@ -354,12 +360,8 @@ def llama_and_peers(shape: dict, device: torch.device):
     model = from_hf(fp32, device=device).eval()
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16).eval()
     start = time.perf_counter()
-    with warnings.catch_warnings():        # torch 2.13 deprecates quantized tensors: said below
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        int8 = quantize_dynamic(copy.deepcopy(fp32), {nn.Linear}, dtype=torch.qint8).eval()
+    int8, matrices = dynamic_int8(copy.deepcopy(fp32))
     quantizing = time.perf_counter() - start
-    matrices = sum(isinstance(m, nn.Linear) for m in fp32.modules())
     return model, {"fp32": fp32, "bf16": bf16, "int8": int8}, (
         f"transformers {transformers.__version__}: LlamaForCausalLM of random weights, sdpa "
         f"attention, loaded into llmcore by llmcore.llama.from_hf; bf16 = a bfloat16 copy; "
