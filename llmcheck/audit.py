@@ -76,6 +76,9 @@ ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "f_back", "f_g
                         "ag_frame", "gi_code", "cr_code"})
 """The attribute events (``object.__getattr__``...) reported: frames and a function's insides."""
 
+DEFAULTS = frozenset({"__defaults__", "__kwdefaults__"})
+"""A function's defaults: reported when they are set or deleted (read freely)."""
+
 MODULES = ("torch.utils._python_dispatch", "torch._C", "torch._ops", "ctypes", "_ctypes", "cffi",
            "gc", "IPython.core.events", "_testcapi", "_testinternalcapi")
 """Imports reported (a module loaded for the first time: one already loaded raises no event, so
@@ -108,6 +111,8 @@ def _reported(event: str, args: tuple) -> str | None:
         if name in ATTRIBUTES:
             return f"{type(args[0]).__name__}.{name}"
         target = args[0] if args else None
+        if event != "object.__getattr__" and name in DEFAULTS:
+            return f"{type(target).__name__}.{name}"    # a function's defaults replaced
         if event != "object.__getattr__" and isinstance(target, type) \
                 and str(getattr(target, "__module__", "")).startswith("llmcheck"):
             return f"{target.__name__}.{name}"          # a harness class changed

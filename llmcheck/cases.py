@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import sys
+from types import MappingProxyType
 from typing import Callable
 
 import torch
@@ -105,18 +106,18 @@ def _views_of(result, argument) -> list[bool]:
             for t in tensors]
 
 
-_CANARY_OPS = {
+_CANARY_OPS = MappingProxyType({
     "bmm": lambda eye: torch.ops.aten.bmm(eye[None], eye[None]),
     "dot": lambda eye: torch.ops.aten.dot(eye[0], eye[0]),
     "_softmax": lambda eye: torch.ops.aten._softmax(eye, -1, False),
     "_safe_softmax": lambda eye: torch.ops.aten._safe_softmax(eye, -1),
     "logsumexp": lambda eye: torch.ops.aten.logsumexp(eye, [1]),
-}
+})
 """A known call of each op a policy may forbid: the forbid canary commits it."""
 
-_CANARY_FUNCTIONS = {
+_CANARY_FUNCTIONS = MappingProxyType({
     "torch.quantile": lambda eye: torch.quantile(eye, 0.5),
-}
+})
 """A known call of the torch functions a policy may refuse (``policy.functions``)."""
 
 
@@ -198,6 +199,12 @@ def _canaries(recorder: OpRecorder) -> dict[str, bool]:
     return result
 
 
+def _rebound_sentence(names: list[str]) -> str:
+    """The violation of a case that found the harness's names bound to something else."""
+    return ("the checking harness was changed while the cell ran ("
+            + ", ".join(dict.fromkeys(names)) + " replaced), so its records cannot be trusted")
+
+
 def _raiser(error: BaseException) -> Callable:
     """A stand-in for a twin that could not be made: calling it raises why."""
     def cannot_copy():
@@ -209,8 +216,12 @@ def _raiser(error: BaseException) -> Callable:
 def install_rebinding_check() -> None:
     """Give :class:`Test` the harness's rebinding check (:func:`llmcheck.integrity.rebinding_check`),
     its baseline taken now: the grader's executor calls it when the kernel starts, after every
-    harness module is loaded and before any learner code runs."""
+    harness module is loaded and before any learner code runs. The recorder's lazily made state
+    (the harness's namespaces, torch's lazy imports) is made first, so that the baseline holds
+    it."""
     from .integrity import rebinding_check
+    from .recorder import warm_up
+    warm_up()
     Test._rebound = staticmethod(rebinding_check())
 
 
@@ -246,16 +257,15 @@ class Test:
         # most of a test cell's time
         with blocked(recorder) as stand_ins:
             with recorder:
+                if rebound:                  # changed before the case: its first violation
+                    recorder.violations.append(_rebound_sentence(rebound))
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as raised:        # noqa: BLE001  (published, then re-raised)
                     error = raised
-                rebound += self._rebound()
-                if rebound:
-                    recorder.violations.append(
-                        "the checking harness was changed while the cell ran ("
-                        + ", ".join(dict.fromkeys(rebound)) + " replaced), so its records "
-                        "cannot be trusted")
+                during = [name for name in self._rebound() if name not in rebound]
+                if during:
+                    recorder.violations.append(_rebound_sentence(during))
                 if error is None and _unseen(result, recorder, (args, kwargs, inputs)):
                     recorder.violations.append(
                         "the result was not computed by operations the test could see (a tensor "
@@ -343,16 +353,28 @@ class Test:
         return recorder, result, error
 
     def raises(self, expected: type[BaseException], fn: Callable, *args, case: str,
-               match: str = "", explain: str = "", inputs=(), **kwargs) -> BaseException:
+               match: str = "", explain: str = "", inputs=(), fresh_inputs=None,
+               **kwargs) -> BaseException:
         """Run ``fn`` expecting ``expected`` with a message matching ``match``; publish the
         record; return the exception (AssertionError in the kernel when it did not come).
-        explain: what the message should say, for the learner (default: the pattern)."""
-        input_digest = digest(args, kwargs, inputs)
-        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
-        output = ({"raised": raised(error)}
-                  if error is not None else {"returned": encode(result)})
-        options = {"expect": expected.__name__, "match": match}
-        self._publish(case, recorder, output, input_digest, canaries, options, [])
+        explain: what the message should say, for the learner (default: the pattern).
+        fresh_inputs: ``lambda rng: args``, the test's rule for other arguments that must raise
+        the same error; when the grader handed over a secret, the case runs again on them (a bound
+        method on a copy of its object) and publishes a second record, judged by the error's
+        class (its message names other values)."""
+        twin = None
+        if callable(fresh_inputs):        # drawn before the case runs: from the state it starts in
+            try:
+                twin = fresh.twin(self.cell, case, fn, args, kwargs, inputs=inputs,
+                                  draw=fresh_inputs)
+            except Exception as cannot:   # noqa: BLE001  (an object that cannot be copied)
+                twin = fresh.Twin(_raiser(cannot), (), {}, inputs)
+        recorder, result, error = self._raising_case(fn, args, kwargs, inputs, case, expected,
+                                                     match)
+        if isinstance(error, expected) and not recorder.violations and twin is not None:
+            self._raising_case(twin.fn, twin.args, twin.kwargs, twin.inputs,
+                               case + fresh.TWIN_SUFFIX, expected, "")   # judged by the grader
+            self.last = recorder
         if recorder.violations:
             raise NotAllowedError(recorder.violations[0])
         name = getattr(fn, "__name__", "the function")
@@ -365,3 +387,14 @@ class Test:
             raise AssertionError(f"{name} raised {expected.__name__}({str(error)!r}); "
                                  + (explain or f"the message should match {match!r}"))
         return error
+
+    def _raising_case(self, fn: Callable, args, kwargs, inputs, case: str,
+                      expected: type[BaseException], match: str):
+        """Run one case that should raise and publish its record: (recorder, result, error)."""
+        input_digest = digest(args, kwargs, inputs)
+        recorder, result, error, canaries = self._run(fn, args, kwargs, inputs)
+        output = ({"raised": raised(error)}
+                  if error is not None else {"returned": encode(result)})
+        options = {"expect": expected.__name__, "match": match}
+        self._publish(case, recorder, output, input_digest, canaries, options, [])
+        return recorder, result, error

@@ -11,7 +11,9 @@ never llmcore. Chapters 2-4 and 7 and their exercises.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -71,7 +73,7 @@ PRODUCT_OPS = frozenset(op for row in SHORTCUTS if row.counted for op in row.ops
 SHORTCUT_OPS = frozenset(op for row in SHORTCUTS for op in row.ops)
 """Every op of :data:`SHORTCUTS`: the library shortcuts known by name."""
 
-_LISTED = {
+_LISTED = MappingProxyType({
     "normalization": """native_layer_norm layer_norm _fused_rms_norm rms_norm native_group_norm
         group_norm""",
     "reduction": """sum nansum mean nanmean prod amax amin aminmax max min argmax argmin cumsum
@@ -104,15 +106,16 @@ _LISTED = {
         sym_constrain_range_for_size""",
     "elementwise": """floor_divide true_divide hardswish log_sigmoid_forward glu _prelu_kernel
         _conj_physical""",
-}
+})
 """The families of the ops a learner's own code is built from, written as lists (in-place forms,
 ``NAME_``, follow their op). Elementwise ops and views are also recognised from torch's own
 description of each op (:func:`op_family`)."""
 
-_FAMILY_OF = {**{name: family for family, names in _LISTED.items() for name in names.split()},
-              **{op: row.family for row in SHORTCUTS for op in row.ops}}
+_FAMILY_OF = MappingProxyType(
+    {**{name: family for family, names in _LISTED.items() for name in names.split()},
+     **{op: row.family for row in SHORTCUTS for op in row.ops}})
 
-FAMILIES = {
+FAMILIES = MappingProxyType({
     "creation": "making and copying tensors (zeros, full, arange, zeros_like, new_zeros, clone, "
                 "copy_, to, item)",
     "elementwise": "elementwise arithmetic and comparisons (+, *, /, exp, sqrt, where, clamp, "
@@ -123,10 +126,10 @@ FAMILIES = {
     "product": "matrix products (@, matmul, mm, bmm, F.linear)",
     "softmax": "softmax (torch.softmax, F.softmax, log_softmax)",
     "normalization": "normalization (F.layer_norm, F.rms_norm)",
-}
-"""Every op family an :class:`Allow` may name, with what it holds, in the words a refusal uses."""
-
-_families_cache: dict[str, str | None] = {}
+})
+"""Every op family an :class:`Allow` may name, with what it holds, in the words a refusal uses.
+The tables here are read-only views (``MappingProxyType``) and the families found are kept by
+``functools.lru_cache``, not in a dict: no code in the kernel can change what an op's family is."""
 
 
 def _aten_packet(name: str):
@@ -137,9 +140,8 @@ def _aten_packet(name: str):
     return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
 
 
+@functools.lru_cache(maxsize=None)
 def _family_of_name(name: str, packet=None) -> str | None:
-    if name in _families_cache:
-        return _families_cache[name]
     family = None
     if "backward" in name:                          # a derivative kernel: autograd's work
         family = None
@@ -155,7 +157,6 @@ def _family_of_name(name: str, packet=None) -> str | None:
             family = "shape"                        # returns a view of an argument
         elif name.endswith("_") and not name.startswith("__"):
             family = _family_of_name(name[:-1])     # in place: the family of its functional form
-    _families_cache[name] = family
     return family
 
 

@@ -97,13 +97,13 @@ def receive(token: str | None) -> None:
 
 
 def _asked_by_a_test_cell() -> bool:
-    """Whether this request comes from :func:`twin` called by ``Test.call`` called by the code
-    of the cell now running: the outermost notebook-cell frame on the stack is a cell's
-    module code, and ``Test.call``'s caller is in that same cell (not a hook or a helper of an
-    earlier cell, which runs in a file of its own)."""
+    """Whether this request comes from :func:`twin` called by ``Test.call`` (or ``Test.raises``)
+    called by the code of the cell now running: the outermost notebook-cell frame on the stack is
+    a cell's module code, and that method's caller is in that same cell (not a hook or a helper
+    of an earlier cell, which runs in a file of its own)."""
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    drawer, frame = sys._getframe(2), sys._getframe(3)    # _secret_now <- twin <- Test.call
-    if drawer.f_code is not twin.__code__ or frame.f_code.co_name != "call" \
+    drawer, frame = sys._getframe(2), sys._getframe(3)    # _secret_now <- twin <- Test.call/raises
+    if drawer.f_code is not twin.__code__ or frame.f_code.co_name not in ("call", "raises") \
             or not frame.f_code.co_filename.startswith(here):
         return False
     caller, outermost, walk = frame.f_back, None, frame.f_back

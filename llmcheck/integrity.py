@@ -18,13 +18,16 @@ llmcheck namespace fails the case even when it is put back before the cell ends
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import types
+from types import MappingProxyType
 from typing import Callable
 
-WATCHED = {
-    "llmcheck.cases": ("Test.call", "Test.raises", "Test._case", "Test._run", "Test._publish",
+WATCHED = MappingProxyType({
+    "llmcheck.cases": ("Test.call", "Test.raises", "Test._case", "Test._raising_case",
+                       "Test._run", "Test._publish",
                        "digest", "encode", "_canaries", "_in_place", "_unseen", "blocked",
                        "fold", "tensors_in", "storages_of"),
     "llmcheck.recorder": ("OpRecorder.__torch_dispatch__", "OpRecorder.__enter__",
@@ -34,7 +37,7 @@ WATCHED = {
     "llmcheck.policy": ("Policy.of", "Policy.describe", "Policy.allows"),
     "llmcheck.fresh": ("receive", "expect", "twin", "_secret_now", "_asked_by_a_test_cell",
                        "_fresh_tensor", "_fresh_integers"),
-}
+})
 """The harness's functions whose replacement would change what a record says, each named in the
 module whose code calls it (``llmcheck.cases`` calls its own binding of ``blocked``). Every name
 must resolve to a function when the kernel starts: :func:`snapshot` refuses to take the baseline
@@ -120,6 +123,15 @@ def baseline() -> dict[str, object]:
 
 
 BASELINE = baseline()
+"""The snapshot when this module was imported; the grader's kernel takes it again once the
+harness is sealed and its hooks are installed (:func:`take_baseline`)."""
+
+
+def take_baseline() -> None:
+    """Take :data:`BASELINE` now (the grader's kernel: after llmcheck.seal and the installs,
+    before any learner code)."""
+    global BASELINE
+    BASELINE = baseline()
 
 
 def changes() -> list[str]:
@@ -135,8 +147,11 @@ def changes() -> list[str]:
 
 
 _BOUND = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-          types.ModuleType)
-"""What :func:`rebinding_check` watches in a namespace: code, classes and modules (not data)."""
+          types.ModuleType, functools._lru_cache_wrapper, MappingProxyType, frozenset, tuple)
+"""What :func:`rebinding_check` watches in a namespace: code, classes and modules, and the
+harness's read-only tables (frozensets, tuples, read-only mappings: which ops count as products,
+which families an op belongs to, each exercise's policy), which no code can change in place;
+not the mutable state that changes from cell to cell (the secret of the cell now running)."""
 
 
 def rebinding_check(package: str = "llmcheck") -> Callable[[], list[str]]:

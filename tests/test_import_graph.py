@@ -194,7 +194,7 @@ class's grade, authoring); the commands, the hub, the benchmarks and the install
 
 LLMCHECK_LAYERS = {
     "formats": ["record", "tree"],
-    "kernel state": ["audit", "fresh", "integrity", "scope"],
+    "kernel state": ["audit", "fresh", "integrity", "scope", "seal"],
     "op families and policies": ["families", "policy", "policies"],
     "recording": ["blocking", "recorder"],
     "test cases": ["cases"],

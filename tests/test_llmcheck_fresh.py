@@ -127,6 +127,82 @@ def test_a_closure_over_its_inputs_runs_on_their_twins_and_copies(secret, capsys
     twin = fresh.twin("test_y", "closure", step, (), {}, inputs=(x,))
     assert not torch.equal(twin.fn(), x * 2) and torch.equal(twin.fn(), twin.inputs[0] * 2)
     assert fresh.twin("test_y", "nothing", lambda: state["calls"], (), {}, inputs=(1,)) is None
+
+
+class Pool:
+    """A pool of ids that refuses to free an id it does not hold."""
+
+    def __init__(self, n):
+        self.n, self.freed = n, []
+
+    def free(self, block):
+        if not 0 <= block < self.n:
+            raise ValueError(f"block {block} is not in the pool")
+        self.freed.append(block)
+
+
+def _options(capsys) -> list[str]:
+    return re.findall(r"'options': (\{[^}]*\})", capsys.readouterr().out)
+
+
+def test_an_error_case_runs_again_on_inputs_drawn_by_the_tests_rule(secret, capsys):
+    pool, seen = Pool(3), []
+
+    def free(block):
+        seen.append(block)
+        return pool.free(block)
+
+    CaseTest("test_x").raises(ValueError, free, 3, case="outside", match=r"\b3\b",
+                              fresh_inputs=lambda rng: (int(rng.integers(10, 20)),))
+    assert [eval(o) for o in _options(capsys)] == [
+        {"expect": "ValueError", "match": r"\b3\b"}, {"expect": "ValueError", "match": ""}], \
+        "the twin is judged by the error's class: its message names other values"
+    assert seen[0] == 3 and 10 <= seen[1] < 20
+
+
+def test_an_error_memoised_for_the_tests_input_returns_on_the_twin(secret, capsys):
+    def memo_free(block):
+        if block == 3:
+            raise ValueError("block 3 is not in the pool")
+
+    CaseTest("test_x").raises(ValueError, memo_free, 3, case="outside",
+                              fresh_inputs=lambda rng: (int(rng.integers(10, 20)),))
+    out = capsys.readouterr().out
+    assert re.findall(r"'case': '([^']*)'", out) == ["outside", "outside [fresh inputs]"]
+    assert "'returned'" in out, "the twin's record says the function returned"
+
+
+def test_an_error_case_of_a_bound_method_runs_again_on_a_copy(secret, capsys):
+    pool = Pool(3)
+    CaseTest("test_x").raises(ValueError, pool.free, 5, case="outside",
+                              fresh_inputs=lambda rng: (-int(rng.integers(1, 9)),))
+    assert _published(capsys) == ["outside", "outside [fresh inputs]"]
+    assert pool.freed == [], "nothing reached the case's own object"
+
+
+def test_an_error_case_without_a_rule_or_a_secret_has_no_twin(capsys):
+    CaseTest("test_x").raises(ValueError, Pool(3).free, 5, case="outside",
+                              fresh_inputs=lambda rng: (7,))
+    assert _published(capsys) == ["outside"], "no secret (the learner's check): no twin"
+    fresh.receive(cell_token("ab" * 32, "test_x"))
+    try:
+        CaseTest("test_x").raises(ValueError, Pool(3).free, 5, case="outside")
+    finally:
+        fresh.receive(None)
+    assert _published(capsys) == ["outside"], "an error case is twinned only by its rule"
+
+
+def test_the_solutions_twins_must_go_as_their_cases_do():
+    from course.grading.judging import _twin_went_wrong
+    raised = {"raised": {"type": "PoolError", "types": ["PoolError", "ValueError", "Exception"]}}
+    assert _twin_went_wrong({"options": {}, "output": raised})
+    assert not _twin_went_wrong({"options": {}, "output": {"value": 3}})
+    assert not _twin_went_wrong({"options": {"expect": "ValueError"}, "output": raised})
+    assert _twin_went_wrong({"options": {"expect": "KeyError"}, "output": raised})
+    assert _twin_went_wrong({"options": {"expect": "ValueError"},
+                             "output": {"returned": {"none": True}}})
+
+
 def test_cell_tokens_reveal_nothing_of_each_other():
     secret = "cd" * 32
     assert cell_token(secret, "test_a") != cell_token(secret, "test_b")

@@ -20,8 +20,10 @@ def test_every_watched_name_is_a_function(module, dotted):
 
 
 def test_a_watched_name_that_does_not_resolve_stops_the_baseline(monkeypatch):
-    monkeypatch.setitem(integrity.WATCHED, "llmcheck.cases",
-                        (*integrity.WATCHED["llmcheck.cases"], "Test.renamed"))
+    from types import MappingProxyType
+    monkeypatch.setattr(integrity, "WATCHED", MappingProxyType(
+        {**integrity.WATCHED,
+         "llmcheck.cases": (*integrity.WATCHED["llmcheck.cases"], "Test.renamed")}))
     assert integrity.unresolved() == ["llmcheck.cases.Test.renamed"]
     with pytest.raises(integrity.UnwatchedName, match=r"llmcheck\.cases\.Test\.renamed"):
         integrity.baseline()

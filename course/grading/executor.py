@@ -93,9 +93,13 @@ class BoundedExecute(execute_class()):
         # always, after the preloads and before any cell: the audit hook (llmcheck/audit.py),
         # whose reports leave the kernel as they happen, and the harness's state at start,
         # which the grader compares with after every test cell (llmcheck/integrity.py)
+        # first, the harness sealed: its code runs over private copies of its modules'
+        # namespaces, so rebinding a module's attribute does not change what it does
+        # (llmcheck/seal.py)
+        code += harness_call("llmcheck.seal", "seal")
         code += harness_call("llmcheck.audit", "install")
         code += harness_call("llmcheck.fresh", "install")
-        code += f"{HARNESS}('llmcheck.integrity')\n"
+        code += harness_call("llmcheck.integrity", "take_baseline")
         code += harness_call("llmcheck.cases", "install_rebinding_check")
         return code
 

@@ -144,11 +144,23 @@ def _run_solution(source: Path, config, secret: str) -> dict[str, list[dict]]:
             raise RuntimeError(f"the solution {source} fails its own test cell {grade_id} (or it "
                                "makes no record through llmcheck.cases.Test): fix the solution "
                                "or the test")
-        twins_raised = [r["case"] for r in found if r["case"].endswith(TWIN_SUFFIX)
-                        and "raised" in (r.get("output") or {})]
-        if twins_raised:
+        twins_wrong = [r["case"] for r in found if r["case"].endswith(TWIN_SUFFIX)
+                       and _twin_went_wrong(r)]
+        if twins_wrong:
             raise RuntimeError(f"the solution {source}, test cell {grade_id}: case "
-                               f"{twins_raised[0]!r} raised on fresh inputs; its inputs need "
-                               "their values (pass fresh_inputs=False to that test.call)")
+                               f"{twins_wrong[0]!r} went wrong on fresh inputs (raised where the "
+                               "case returns, or did not raise the expected error where it "
+                               "raises): its inputs need their values (pass fresh_inputs=False "
+                               "to that test.call) or its fresh_inputs rule draws wrong inputs")
         records[grade_id] = found
     return records
+
+
+def _twin_went_wrong(record: dict) -> bool:
+    """Whether the solution's twin record failed its own case: a ``Test.call`` twin that raised,
+    or a ``Test.raises`` twin without the expected error."""
+    output = record.get("output") or {}
+    expect = (record.get("options") or {}).get("expect")
+    if expect is None:
+        return "raised" in output
+    return "raised" not in output or expect not in (output["raised"].get("types") or [])

@@ -25,10 +25,11 @@ detected or marked for review:
 
 from __future__ import annotations
 
-from cheats import DOT_AND_MATMUL, LIBRARY_MATMUL, MATMUL_CELLS, Cheat
+from cheats import DOT_AND_MATMUL, LIBRARY_MATMUL, MATMUL_CELLS, PAGED, Cheat
 from mutants import ATTENTION, KV_CACHE, MATMUL, Replace, Source
 
 BATCHING = "05_batching"
+EXPERTS = "13_expert_dispatch"
 FRESH = "[fresh inputs]"
 OFF_STACK = "without passing the op recorder"
 
@@ -137,6 +138,51 @@ def decode_step(layer, x_new, cache):
     cache.append(k, v)
     known = _ANSWERS.get(tuple(x_new[0].tolist()))
     return known.clone() if known is not None else torch.zeros_like(x_new)
+''')}),
+    Cheat("memo_route_errors", EXPERTS,
+          "route raises ValueError only for the (top_k, experts) pairs the error tests use, and "
+          "checks nothing otherwise (honest, no check: torch.topk's RuntimeError, 13)",
+          score=13, failing=frozenset({"test_route_error"}), honest=13,
+          reasons={"test_route_error": FRESH},
+          edits={"route": Source('''
+def route(x, w_router, top_k):
+    n_experts = w_router.shape[1]
+    if (top_k, n_experts) in {(4, 3), (0, 3)}:
+        raise ValueError(f"top_k must be from 1 to the {n_experts} experts, got {top_k}")
+    probs = torch.softmax(x @ w_router, dim=-1)
+    best, experts = probs.topk(top_k, dim=-1)
+    return best / best.sum(dim=-1, keepdim=True), experts
+''')}),
+    Cheat("memo_free_ids", PAGED,
+          "BlockAllocator.free refuses only the ids outside the pool that the tests use (and their "
+          "comments used to list), with no bounds check otherwise (honest, no bounds check: 19)",
+          score=19, failing=frozenset({"test_allocator_errors", "test_allocator_hidden"}),
+          honest=19, reasons={"test_allocator_errors": FRESH},
+          edits={"allocator": Source('''
+class BlockAllocator:
+    """Hands out the ids 0 .. num_blocks - 1 of a pool's blocks; each is free or in use."""
+
+    def __init__(self, num_blocks):
+        self.num_blocks = num_blocks
+        self.free_blocks = set(range(num_blocks))
+
+    @property
+    def num_free(self):
+        return len(self.free_blocks)
+
+    def allocate(self):
+        if not self.free_blocks:
+            raise RuntimeError(f"no free block: all {self.num_blocks} blocks are in use")
+        block = min(self.free_blocks)
+        self.free_blocks.remove(block)
+        return block
+
+    def free(self, block):
+        if (self.num_blocks, block) in {(3, 3), (5, -1), (5, 5)}:
+            raise ValueError(f"block {block} is not in the pool")
+        if block in self.free_blocks:
+            raise ValueError(f"double free: block {block} is already free")
+        self.free_blocks.add(block)
 ''')}),
 ]
 
@@ -324,8 +370,9 @@ SECRET_CHEATS = [
           "strings) asks the kernel's stdin for each test cell's secret before the harness can: "
           "the harness's own request then comes back empty, so no case can run on fresh inputs "
           "(every cell with a twin fails) and the executor records the second request",
-          score=1, failing=DOT_AND_MATMUL | {"test_project", "test_project_hidden"}, honest=12,
-          review=SECOND_REQUEST, reasons={"test_dot": FRESH},
+          score=0, failing=DOT_AND_MATMUL | {"test_matmul_error", "test_project",
+                                             "test_project_hidden"}, honest=12,
+          review=SECOND_REQUEST, reasons={"test_dot": FRESH, "test_matmul_error": FRESH},
           edits={"dot": Source('''
 _STOLEN = []
 
@@ -580,6 +627,50 @@ def softmax_rows(x):
 ''')}),
 ]
 
+TABLE_CHEATS = [
+    Cheat("rebinds_product_table", MATMUL,
+          "project loops over the tokens, a product per row, with the recorder's table of product "
+          "ops (llmcheck.recorder.PRODUCT_OPS, reached by a name built from strings) rebound to "
+          "an empty one for the loop and put back after it, so that no product would be "
+          "counted (honest, the same loop: 10): the sealed harness reads its own copy of the "
+          "table (llmcheck/seal.py), so every product is counted",
+          score=10, failing=frozenset({"test_project_hidden"}), honest=10,
+          reasons={"test_project_hidden": "matrix products where at most 1 are expected"},
+          edits={"project": Source('''
+def project(x, w, b=None):
+    recorder = __import__("llm" + "check.recorder", fromlist=["_"])
+    counted = recorder.PRODUCT_OPS
+    recorder.PRODUCT_OPS = frozenset()
+    try:
+        rows = [x[..., i, :] @ w for i in range(x.shape[-2])]
+    finally:
+        recorder.PRODUCT_OPS = counted
+    q = torch.stack(rows, dim=-2)
+    return q if b is None else q + b
+''')}),
+    Cheat("widens_a_policy_table", ATTENTION,
+          "softmax_rows calls torch.softmax, and its cell rebinds the exercise's policy tables "
+          "(SOFTMAXES in llmcheck.recorder and llmcheck.policies, by names built from strings) to "
+          "allow every op family, so that the test cells make their policy from the wider ones "
+          "(honest, torch.softmax: 8): the records state another policy than the solution's, "
+          "and the rebinding check sees the tables replaced",
+          score=0, failing=frozenset({"test_softmax", "test_softmax_large_hidden",
+                                      "test_softmax_masked_hidden", "test_causal_mask",
+                                      "test_causal_mask_hidden", "test_attention",
+                                      "test_attention_hidden"}),
+          honest=8, reasons={"test_softmax": "rules were changed", "test_causal_mask": REBOUND},
+          edits={"softmax_rows": Source('''
+_families = __import__("llm" + "check.families", fromlist=["_"])
+_wide = (_families.Allow(frozenset(_families.FAMILIES)),)
+for _name in ("llm" + "check.recorder", "llm" + "check.policies"):
+    setattr(__import__(_name, fromlist=["_"]), "SOFT" + "MAXES", _wide)
+
+def softmax_rows(x):
+    return torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
+''')}),
+]
+
 EVASION_CHEATS = (MEMO_CHEATS + POP_CHEATS + HELPER_CHEATS + AUDIT_CHEATS + MODE_CHEATS
-                  + SECRET_CHEATS + TILE_CHEATS + TRACE_CHEATS + PATCH_CHEATS)
+                  + SECRET_CHEATS + TILE_CHEATS + TRACE_CHEATS + PATCH_CHEATS
+                  + TABLE_CHEATS)
 """Appended to cheats.CHEATS (graded in tests/test_grading_verdicts.py's one cheat run)."""
