@@ -212,6 +212,8 @@ class FastDecoder:
         Chapter 7 (the fast path)."""
         n = q.shape[2]
         end = start + n
+        if keys.shape[2] < end:                  # a ring of the last window (FastStep's choice)
+            return self.attend_rolling(q, k, v, keys, values, start)
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
         first = 0 if self.window is None else max(0, start - self.window + 1)
@@ -221,6 +223,45 @@ class FastDecoder:
         return F.scaled_dot_product_attention(
             q, keys[:, :, first:end], values[:, :, first:end], attn_mask=mask,
             is_causal=causal, enable_gqa=self.group > 1)
+
+    def attend_rolling(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor,
+                       start: int) -> Tensor:
+        """Sliding-window attention over a ring of the last window (Mistral's rolling cache, the
+        serving form of :class:`llmcore.kvcache.RollingKVCache`): keys, values (b, h_kv, W,
+        d_head), W = ``config.sliding_window``, row t % W holding token t's K (already rotated,
+        so a row's slot does not matter to attention). q: (b, h, n, d_head), the new k, v:
+        (b, h_kv, n, d_head) of tokens start .. start + n - 1 -> (b, h, n, d_head). One query
+        writes its row and attends over the ring's filled rows, all within its window; several
+        attend over the held rows in token order followed by their own, through the band of
+        :func:`llmcore.masks.sliding_window_mask`, then their last W rows go into the ring.
+        No padding (FastStep keeps every row for left-padded prompts), and no rollback: a
+        ring forgets the rows it overwrites. Chapters 7 and 11."""
+        window = keys.shape[2]
+        n = q.shape[2]
+        end = start + n
+        gqa = self.group > 1
+        if n == 1:
+            slot = start % window
+            keys[:, :, slot] = k[:, :, 0]
+            values[:, :, slot] = v[:, :, 0]
+            held = min(end, window)
+            return F.scaled_dot_product_attention(q, keys[:, :, :held], values[:, :, :held],
+                                                  enable_gqa=gqa)
+        held = min(start, window)
+        if start > window:                       # full and wrapped: oldest row first
+            past_k = torch.roll(keys, -(start % window), dims=2)
+            past_v = torch.roll(values, -(start % window), dims=2)
+        else:
+            past_k, past_v = keys[:, :, :held], values[:, :, :held]
+        band = sliding_window_mask(n, held + n, window, q.device)                # (n, held + n)
+        out = F.scaled_dot_product_attention(q, torch.cat([past_k, k], dim=2),
+                                             torch.cat([past_v, v], dim=2), attn_mask=band,
+                                             enable_gqa=gqa)
+        kept = min(n, window)
+        slots = torch.arange(end - kept, end, device=q.device) % window
+        keys.index_copy_(2, slots, k[:, :, n - kept:])
+        values.index_copy_(2, slots, v[:, :, n - kept:])
+        return out
 
     def head_logits(self, normed: Tensor) -> Tensor:
         """normed: (b, d) in stream_dtype -> logits (b, v) in stream_dtype through this
@@ -568,8 +609,12 @@ class FastStep:
             mask = None                             # no padding: the plain causal rule
         total = n + max_new_tokens
         self.fast = fast
+        # a sliding window without padding keeps only the last window: a ring of W rows
+        # (FastDecoder.attend_rolling); left-padded prompts keep every row, masked by the band
+        rolling = fast.window is not None and mask is None and total > fast.window
         with torch.inference_mode():
-            self.cache = StaticCache(model, b, total, dtype=fast.dtype)
+            self.cache = StaticCache(model, b, fast.window if rolling else total,
+                                     dtype=fast.dtype)
             if mask is None:
                 self.positions = torch.arange(total, device=device).expand(b, total)
                 self.key_valid = self.prompt_mask = None

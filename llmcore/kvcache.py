@@ -202,7 +202,8 @@ class RollingKVCache:
     mask, :func:`llmcore.masks.sliding_window_mask`, when they are more than the window), then
     keeps the last ``window`` of them. The keys are stored already rotated, so a key's row
     carries its position and the kept rows could sit in any order (a ring buffer written in
-    place is the serving form; this one keeps them in order). No padding. Chapter 11.
+    place is the serving form, :meth:`llmcore.fastpath.FastDecoder.attend_rolling`; this one
+    keeps them in order). No padding. Chapter 11.
     """
 
     def __init__(self, *, n_layers: int, batch_size: int, n_kv_heads: int, d_head: int,

@@ -42,11 +42,12 @@ def mixed_lengths(config, b, n, device, seed=0):
     return token_ids(config, b, n, seed).to(device), mask.to(device)
 
 
-def assert_steps_equal_the_teaching_forward(model, fast, prompt, total):
+def assert_steps_equal_the_teaching_forward(model, fast, prompt, total, capacity=None):
     """The fast step's logits after the prompt (b, n) and after each greedy token up to
-    ``total`` tokens equal the teaching forward's with a KVCache."""
+    ``total`` tokens equal the teaching forward's with a KVCache. capacity: the fast cache's
+    rows (default ``total``; a sliding window's W: its ring of the last window)."""
     b, n = prompt.shape
-    cache, teaching = StaticCache(model, b, total), KVCache.for_model(model, b)
+    cache, teaching = StaticCache(model, b, capacity or total), KVCache.for_model(model, b)
     positions = torch.arange(total, device=prompt.device).expand(b, total)
     with torch.no_grad():
         want = model(prompt, teaching, last_only=True)[:, -1]

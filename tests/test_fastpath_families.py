@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from llmcore import generate
-from llmcore.fastpath import FastLlama, fast_model
+from llmcore.fastpath import FastLlama, FastStep, StaticCache, fast_model
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.rope import RopeScaling
+from llmcore.storage import storage_bytes
 from test_fastpath import assert_steps_equal_the_teaching_forward, mixed_lengths
 from test_fastpath_precision import (PRECISIONS, assert_near_float32,
                                      assert_rounding_is_all_that_changes)
@@ -63,6 +64,44 @@ def test_step_logits_equal_the_teaching_forward(name, device):
     assert type(fast) is FastLlama
     prompt = token_ids(model.config, 3, 11).to(device)     # past mistral's window of 8
     assert_steps_equal_the_teaching_forward(model, fast, prompt, 24)
+
+
+def test_mistral_steps_over_a_ring_of_its_window_equal_the_teaching_forward(device):
+    """The rolling cache's serving form: a ring of W = 8 rows per layer, a prompt of 11 (its
+    prefill past the band), then 13 steps wrapping the ring."""
+    model = family("mistral", seed=2, device=device)
+    prompt = token_ids(model.config, 3, 11).to(device)
+    assert_steps_equal_the_teaching_forward(model, fast_model(model), prompt, 24, capacity=8)
+
+
+def test_mistral_chunks_over_a_ring_equal_the_teaching_forward(device):
+    """Several tokens at once after a past (speculative decoding's verification): into an
+    empty ring, across its end, and after it has wrapped."""
+    model = family("mistral", seed=5, device=device)
+    ids = token_ids(model.config, 2, 23).to(device)
+    fast, cache = fast_model(model), StaticCache(model, 2, 8)
+    positions = torch.arange(23, device=device).expand(2, 23)
+    with torch.no_grad():
+        for start, end in [(0, 5), (5, 11), (11, 14), (14, 15), (15, 23)]:
+            got = fast.step(ids[:, start:end], positions[:, start:end], cache, None)
+            want = model(ids[:, :end], last_only=True)[:, -1]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_mistral_fast_generation_keeps_only_its_window(b):
+    """Without padding, FastStep's cache is the ring: its tensors' storage holds W = 8 rows
+    per layer and sequence, not the 30 tokens; with left padding it keeps every row."""
+    model = family("mistral", seed=3)
+    prompt = token_ids(model.config, b, 6, seed=b)
+    step = FastStep(fast_model(model, batch_size=b), model, prompt, 24, None)
+    c = model.config
+    row = c.n_layers * b * c.kv_heads * c.d_head * 4                       # bytes, float32
+    assert storage_bytes([step.cache.keys, step.cache.values]) == 2 * 8 * row
+    padded, mask = mixed_lengths(model.config, b, 6, "cpu", seed=b)
+    if not bool(mask.all()):
+        kept = FastStep(fast_model(model, batch_size=b), model, padded, 24, mask)
+        assert storage_bytes([kept.cache.keys, kept.cache.values]) == 2 * 30 * row
 
 
 @pytest.mark.parametrize("b", [1, 16])
