@@ -212,7 +212,7 @@ class FastDecoder:
         Chapter 7 (the fast path)."""
         n = q.shape[2]
         end = start + n
-        if keys.shape[2] < end:                  # a ring of the last window (FastStep's choice)
+        if keys.shape[2] < end:           # a ring of the last window (FastStep)
             return self.attend_rolling(q, k, v, keys, values, start)
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
