@@ -43,7 +43,7 @@ from .policies import (ATTENTIONS, AUTOGRAD, BASICS, DECODING, GENERATION, ORDIN
                        PRODUCTS, QUANTIZATION, SAMPLING, SOFTMAXES)
 from .policy import (CodeOf, NotAllowedError, Policy, autograd_at_work, forbidden_frame,
                      resolve_function)
-from .tree import tensors_in
+from .tree import op_tensors, tensors_in
 
 __all__ = [
     "ATTENTIONS", "AUTOGRAD", "BASICS", "DECODING", "FAMILIES", "GENERATION", "ORDINARY",
@@ -80,6 +80,14 @@ def _product_size(name: str, args) -> tuple[int, int]:
         columns = b.shape[-2]                           # q (.., n, d) against k (.., m, d)
         return rows, 4 * rows * columns * a.shape[-1]   # q k^T and A v
     return rows, 2 * rows * columns * a.shape[-1]
+
+
+def _op_words(name: str) -> str:
+    """An aten op as a refusal names it."""
+    if op_family(name) == "product":
+        return (f"torch's {name} (aten.{name}, which @, matmul, einsum, torch.linalg and their "
+                "aliases reach)")
+    return f"torch's {name} (aten.{name})"
 
 
 @dataclass(frozen=True)
@@ -235,17 +243,14 @@ class OpRecorder(TorchDispatchMode):
             self.products += 1
             self.flops += flops
         policy = self.policy
-        what = f"torch's {name} (aten.{name})"
-        if op_family(name) == "product":
-            what = (f"torch's {name} (aten.{name}, which @, matmul, einsum, torch.linalg and "
-                    "their aliases reach)")
         if name in policy.named:
-            raise self.refuse(what)
+            raise self.refuse(_op_words(name))
         if policy.autograd:
             running = autograd_at_work(name)
             if running is not None:
                 raise self.refuse(running)
         if not policy.allows(func):
+            what = _op_words(name)
             raise self.refuse(what, policy.unlisted(what))
         if policy.numpy and name in ("lift_fresh", "lift_fresh_copy", "lift"):
             tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -256,7 +261,7 @@ class OpRecorder(TorchDispatchMode):
                                     self._entered_at[-1] if self._entered_at else None)
             if where is not None:
                 raise self.refuse(where)
-        given = tensors_in(args, kwargs)   # inside lists too (cat takes a list)
+        given = op_tensors(args, kwargs)   # inside lists too (cat takes a list)
         if self.keep_calls:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.calls.append(TorchCall(name, tuple(tuple(t.shape) for t in tensors),
@@ -266,7 +271,7 @@ class OpRecorder(TorchDispatchMode):
             result = func(*args, **kwargs)
         finally:
             self.dispatching -= 1
-        results = tensors_in(result)
+        results = op_tensors(result)
         for t in results:
             self.produced.add(_storage_pointer(t))
         for t in (*given, *results):            # after the op: what resize_, out=, set_ grew
@@ -337,7 +342,7 @@ class RecorderGuard(TorchDispatchMode):
                 f"aten.{name} reached torch without passing the op recorder (taken off torch's "
                 "mode stack, or its dispatch replaced), so the test could not see what it "
                 "computed")
-        elif not self.policy.allows(func) and recorder.policy is not self.policy:
+        elif recorder.policy is not self.policy and not self.policy.allows(func):
             recorder.violations.append(f"aten.{name} ran under a policy other than the test's")
         return func(*args, **(kwargs or {}))
 

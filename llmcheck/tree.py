@@ -63,3 +63,26 @@ def tensors_in(*values) -> list[torch.Tensor]:
     :data:`SEARCH_DEPTH` levels in each value), a model's parameters and buffers."""
     return [t for value in values
             for t in fold(value, _tensors_of_leaf, _concatenated, depth=SEARCH_DEPTH)]
+
+
+def op_tensors(*values) -> list[torch.Tensor]:
+    """:func:`tensors_in` for what an aten op takes and returns, its hot path: tensors, Python
+    values and lists of them one level deep (``cat``'s list, ``index``'s optional tensors), a
+    dict of keyword arguments, a tuple of results. The same tensors in the same order; anything
+    nested deeper, or a model, goes to :func:`tensors_in` whole."""
+    found: list[torch.Tensor] = []
+    for value in values:
+        items = (value.values() if isinstance(value, dict) else
+                 value if isinstance(value, (list, tuple)) else (value,))
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, (list, tuple)):
+                for inner in item:
+                    if isinstance(inner, torch.Tensor):
+                        found.append(inner)
+                    elif isinstance(inner, (list, tuple, dict, torch.nn.Module)):
+                        return tensors_in(*values)
+            elif isinstance(item, (dict, torch.nn.Module)):
+                return tensors_in(*values)
+    return found

@@ -8,7 +8,7 @@ import collections
 import torch
 
 from llmcheck import cases, fresh
-from llmcheck.tree import fold, tensors_in
+from llmcheck.tree import fold, op_tensors, tensors_in
 
 Pair = collections.namedtuple("Pair", "first second")
 X = torch.arange(6.0).reshape(2, 3)
@@ -56,3 +56,17 @@ def test_the_twin_redraws_tensors_keeps_structure_and_copies_a_namedtuple(monkey
         "a namedtuple is not opened: deep-copied as it is"
     assert twin_args[2].second is twin_args[0], "what it shares with the arguments stays shared"
     assert twin_kwargs["d"]["y"] is twin_args[1][0]
+
+
+def test_an_ops_tensors_are_found_as_the_whole_walk_finds_them():
+    """The recorder's hot path (op_tensors) finds the same tensors in the same order as
+    tensors_in, for what aten ops take and return, and hands anything deeper to it."""
+    t = [torch.zeros(i + 1) for i in range(4)]
+    shapes = [((t[0], 1, [t[1], None, t[2]]), {"out": t[3]}),     # cat's list, index's optionals
+              ((t[0],), {}), (t[1],), ((t[0], t[1]),),             # a result, a tuple of them
+              (torch.return_types.max((t[0], t[1])),),             # a named tuple of results
+              (([1, 2], "x", None), {"dim": [0, 1]}),              # no tensor at all
+              ((t[0], [[t[1]]]), {}), ((t[0], {"a": t[1]}), {}),   # deeper: the whole walk
+              ((torch.nn.Linear(2, 2),), {})]
+    for values in shapes:
+        assert [id(x) for x in op_tensors(*values)] == [id(x) for x in tensors_in(*values)]
