@@ -13,7 +13,8 @@ frame, traceback or generator's frame attributes, a function's ``__code__``, ``_
 ``__closure__``), tracing and profiling hooks (``sys.settrace``, ``sys.setprofile``), another
 audit hook, the garbage collector's walks (``gc.get_objects``, ``get_referrers``,
 ``get_referents``), ``ctypes``, ``exec`` and ``compile``, functions and code objects built by
-hand, an attribute of one of the harness's classes set or deleted, a new Python thread, and the first import of torch's dispatch or foreign-function
+hand, an attribute of one of the harness's classes set or deleted, a function's defaults
+replaced, a new Python thread, and the first import of torch's dispatch or foreign-function
 modules. An event is reported only when the code that caused it is the learner's: the nearest
 frame outside a few reflection modules of the standard library (``inspect``, ``traceback``,
 ``ctypes``, ``importlib``...) belongs to a notebook cell, so torch's, IPython's, the standard

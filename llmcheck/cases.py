@@ -214,11 +214,11 @@ def _raiser(error: BaseException) -> Callable:
 
 
 def install_rebinding_check() -> None:
-    """Give :class:`Test` the harness's rebinding check (:func:`llmcheck.integrity.rebinding_check`),
-    its baseline taken now: the grader's executor calls it when the kernel starts, after every
-    harness module is loaded and before any learner code runs. The recorder's lazily made state
-    (the harness's namespaces, torch's lazy imports) is made first, so that the baseline holds
-    it."""
+    """Give :class:`Test` the harness's rebinding check
+    (:func:`llmcheck.integrity.rebinding_check`), its baseline taken now: the grader's executor
+    calls it when the kernel starts, after every harness module is loaded and before any learner
+    code runs. The recorder's lazily made state (the harness's namespaces, torch's lazy imports)
+    is made first, so that the baseline holds it."""
     from .integrity import rebinding_check
     from .recorder import warm_up
     warm_up()
@@ -235,8 +235,8 @@ class Test:
 
     _rebound: Callable[[], list[str]] = staticmethod(lambda: [])
     """The harness's names rebound since the kernel started (the grader's executor installs the
-    check when the kernel starts, :func:`install_rebinding_check`; none elsewhere). Asked before each
-    case and right after the learner's function returns, before any harness function it could
+    check when the kernel starts, :func:`install_rebinding_check`; none elsewhere). Asked before
+    each case and right after the learner's function returns, before any harness function it could
     have replaced runs: a replaced harness function fails the case, even when it is put back
     before the cell ends."""
 
@@ -362,8 +362,8 @@ class Test:
         the same error; when the grader handed over a secret, the case runs again on them (a bound
         method on a copy of its object) and publishes a second record, judged by the error's
         class (its message names other values)."""
-        twin = None
-        if callable(fresh_inputs):        # drawn before the case runs: from the state it starts in
+        twin = None                       # drawn here, as in call: the secret's gate reads
+        if callable(fresh_inputs):        # this frame (fresh._asked_by_a_test_cell)
             try:
                 twin = fresh.twin(self.cell, case, fn, args, kwargs, inputs=inputs,
                                   draw=fresh_inputs)
