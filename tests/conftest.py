@@ -29,6 +29,10 @@ from llmcore.model import GPT, GPTConfig
 
 DEVICES = ["cpu", "cuda"]
 
+os.environ.setdefault("COURSE_CHECK_STANDBY", "0")
+"""The learner's check leaves no standby kernel (course/grading/standby.py) in the tests or their
+subprocesses: a test asks for one by setting COURSE_CHECK_STANDBY=1 (tests/test_check_standby.py)."""
+
 
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:

@@ -12,6 +12,7 @@ import pytest
 
 from classroom import ALL_ASSIGNMENTS, ROOT
 from course.bench import __main__ as bench, grading
+from course.grading import standby
 
 
 def test_the_class_mixes_every_kind_over_every_assignment(tmp_path):
@@ -53,8 +54,12 @@ def test_a_quick_grading_run_reports_every_figure():
     pages = re.search(r"feedback pages: (\d+), largest (\d+) kB", text)
     assert pages and int(pages.group(1)) == count and int(pages.group(2)) < 200, text
     assert "on paper, 16 cores" in text and "a hub of 500 students" in text
-    assert re.search(r"check on the untouched .*: [\d.]+ s then, [\d.]+ s now: [\d.]+x faster "
-                     r"\(goal 3x\); first line after [\d.]+ s then, [\d.]+ s now", text), text
+    assert re.search(r"check on the untouched .*: [\d.]+ s then; now [\d.]+ s in the learner's "
+                     r"loop .*: [\d.]+x faster \(goal 3x\); [\d.]+ s with none ready "
+                     r"\(--no-standby\): [\d.]+x; first line after [\d.]+ s then, [\d.]+ s now",
+                     text), text
+    left = [f for f in standby.standby_root().iterdir() if (f / standby.SOCKET_FILE).exists()]
+    assert not left, f"the benchmark left standby kernels running: {left}"
     for part in ("the submissions", "the whole run"):
         assert re.search(rf"= \d+ notebooks on \d+ workers, {part}.*: [\d.]+ notebooks/min then, "
                          r"[\d.]+ now: [\d.]+x \(goal 3x\)", text), text

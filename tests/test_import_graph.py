@@ -178,7 +178,7 @@ COURSE_LAYERS = {
                       "grading.sandbox", "grading.exchange", "grading.edition", "grading.hidden",
                       "grading.feedback", "grading.progress"],
     "running and judging": ["grading.executor", "grading.verdicts", "grading.judging",
-                            "grading.profiling"],
+                            "grading.profiling", "grading.standby"],
     "nbgrader": ["grading.nbgrader_app", "grading.report"],
     "audiences": ["grading.check", "grading.release", "grading.worker", "grading.preload",
                   "grading.workers", "grading.grade",

@@ -220,18 +220,41 @@ def _grade_class(tree: Path, course: Path, students: int, assignments: list[str]
     return figures
 
 
-def _time_check(tree: Path) -> tuple[float, float]:
+def _time_check(tree: Path, *options: str, env: dict[str, str] | None = None
+                ) -> tuple[float, float]:
     """(seconds to the check's first line, seconds to its end) for the untouched exercise."""
     start = time.perf_counter()
     first = None
-    with subprocess.Popen([sys.executable, "-m", "course.grading", "check", CHECK_NOTEBOOK],
-                          cwd=tree, env=_in_tree(tree), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as check:
+    with subprocess.Popen([sys.executable, "-m", "course.grading", "check", *options,
+                           CHECK_NOTEBOOK], cwd=tree, env={**_in_tree(tree), **(env or {})},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as check:
         for line in check.stdout:
             if first is None and line.strip():
                 first = time.perf_counter() - start
     total = time.perf_counter() - start
     return (total if first is None else first), total
+
+
+def _time_checks(old: Path, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """The learner's check timed ``rounds`` times each way, the ways alternating: BASELINE's
+    pipeline ("then"); this checkout's with no kernel ready ("cold", ``--no-standby``); and this
+    checkout's in the learner's loop, where the previous check left a standby kernel
+    (course/grading/standby.py; one untimed check leaves the first). Before each timing the
+    standby has finished starting, so no run shares the machine with one."""
+    from course.grading import standby
+    loop = {standby.SWITCH: "1"}
+    ways = {"then": (old, (), None), "cold": (ROOT, ("--no-standby",), None),
+            "loop": (ROOT, (), loop)}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+    try:
+        _time_check(ROOT, env=loop)                       # leaves the first standby
+        for _ in range(rounds):
+            for name, (tree, options, env) in ways.items():
+                standby.settle()
+                times[name].append(_time_check(tree, *options, env=env))
+    finally:
+        standby.stop_all()
+    return times
 
 
 def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int, rounds: int,
@@ -246,10 +269,7 @@ def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int,
             return
         assignments = [a for a in assignments if (old / "solutions" / a).is_dir()]
         trees = {"then": old, "now": ROOT}
-        checks: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
-        for _ in range(check_rounds):
-            for name, tree in trees.items():
-                checks[name].append(_time_check(tree))
+        checks = _time_checks(old, check_rounds)
         classes: dict[str, list[dict]] = {name: [] for name in trees}
         for round_ in range(rounds):
             for name, tree in trees.items():
@@ -259,14 +279,16 @@ def compare_with_baseline(out: TextIO, assignments: list[str], *, students: int,
                 print(f"[against {BASELINE[:10]}] round {round_ + 1}, {name}: "
                       f"{figures['notebooks']} notebooks in {figures['whole']:.0f} s",
                       file=sys.stderr, flush=True)
-    first = {n: statistics.median_high([c[0] for c in checks[n]]) for n in trees}
-    whole = {n: statistics.median_high([c[1] for c in checks[n]]) for n in trees}
+    first = {n: statistics.median_high([c[0] for c in times]) for n, times in checks.items()}
+    whole = {n: statistics.median_high([c[1] for c in times]) for n, times in checks.items()}
     out.write(f"against the pipeline of {BASELINE[:10]} (before issue 34), in this run, "
               f"medians:\n")
     out.write(f"  the learner's check on the untouched {CHECK_NOTEBOOK}: {whole['then']:.1f} s "
-              f"then, {whole['now']:.1f} s now: {whole['then'] / whole['now']:.2f}x faster "
-              f"(goal 3x); first line after {first['then']:.1f} s then, {first['now']:.1f} s "
-              f"now\n")
+              f"then; now {whole['loop']:.1f} s in the learner's loop (the kernel the previous "
+              f"check left ready): {whole['then'] / whole['loop']:.2f}x faster (goal 3x); "
+              f"{whole['cold']:.1f} s with none ready (--no-standby): "
+              f"{whole['then'] / whole['cold']:.2f}x; first line after {first['then']:.1f} s "
+              f"then, {first['loop']:.1f} s now\n")
     notebooks = classes["now"][0]["notebooks"]
     for part, label in (("submissions", "the submissions"),
                         ("whole", "the whole run (the solutions' records included)")):

@@ -178,19 +178,26 @@ def _config(config_path: Path | None, timeout: int | None):
     return config
 
 
-def _execute(nb, config, folder: str, on_cell: Callable | None = None):
+def _execute(nb, config, folder: str, on_cell: Callable | None = None, standby: bool = False):
     """``nb`` executed in a fresh kernel by the grader's bounded executor (its sandbox, preloads
     and output cap; timed, course/grading/profiling.py), from ``folder``, with nbgrader's
-    validation environment; ``on_cell(index, cell)`` after each code cell."""
+    validation environment; ``on_cell(index, cell)`` after each code cell. ``standby``: the
+    kernel is taken from this user's standby if one was made the same way, and a standby is
+    left for the next check (course/grading/standby.py)."""
     from .profiling import ProfiledExecute   # here: importing the check imports no nbconvert
+    from .standby import StandbyKernelManager, leave
     saved = {name: os.environ.get(name) for name in ("NBGRADER_VALIDATING", "NBGRADER_EXECUTION")}
     os.environ.update(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate")
+    StandbyKernelManager.last_spec = None
     try:
-        executor = ProfiledExecute(config=config)
+        executor = ProfiledExecute(config=config, **(
+            {"kernel_manager_class": StandbyKernelManager} if standby else {}))
         executor.on_cell = on_cell
         executed, _ = executor.preprocess(nb, {"metadata": {"path": folder}})
         return executed
     finally:
+        if standby and StandbyKernelManager.last_spec is not None:
+            leave(StandbyKernelManager.last_spec)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -200,13 +207,18 @@ def _execute(nb, config, folder: str, on_cell: Callable | None = None):
 
 def check(notebook: str | os.PathLike, *, timeout: int | None = None,
           config_file: str | os.PathLike | None = None,
-          on_test: Callable[["CellResult"], None] | None = None) -> CheckReport:
+          on_test: Callable[["CellResult"], None] | None = None,
+          standby: bool | None = None) -> CheckReport:
     """Run a notebook in a fresh kernel (nbclient, with the grader's limits and sandbox) with the
     release's test cells, and report every test cell: pass or fail with its message, and the
     points it is worth; ``on_test`` gets each test cell's result as soon as it has run. The
     instructor's own notebook (in ``solutions/``) runs as it is, hidden tests included. Needs no
-    nbgrader (course/grading/cells.py reads its metadata)."""
+    nbgrader (course/grading/cells.py reads its metadata). ``standby``: take the kernel a
+    previous check started for this one and leave one for the next (course/grading/standby.py;
+    None: unless ``COURSE_CHECK_STANDBY=0``)."""
+    from .standby import enabled
     prepare_environment()
+    standby = enabled() if standby is None else standby
     import tempfile
 
     import nbformat
@@ -241,7 +253,7 @@ def check(notebook: str | os.PathLike, *, timeout: int | None = None,
                 cell.outputs, cell.execution_count = [], None
         with tempfile.TemporaryDirectory(prefix="course-check-") as folder:
             nbformat.write(nb, str(Path(folder) / path.name))
-            executed = _execute(nb, config, folder, ran)
+            executed = _execute(nb, config, folder, ran, standby)
     except Exception as error:          # the kernel died, or the notebook is not a notebook
         reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
         return CheckReport(path, (), (f"the notebook could not be run to the end ({reason})",),

@@ -58,6 +58,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m course.gra
     p.add_argument("notebook", nargs="?" if command == "check" else None,
                    help="path to an .ipynb (for example exercises/01_matmul/matmul.ipynb)")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config)")
+    p.add_argument("--no-standby", action="store_true",
+                   help="start this check's kernel itself and leave none started for the next "
+                        "(by default a check takes the kernel the previous one left ready and "
+                        "leaves one: course/grading/standby.py; COURSE_CHECK_STANDBY=0 too)")
     p.add_argument("--profile", action="store_true",
                    help="print where the seconds went (kernel start, cells, tests)")
 
@@ -142,6 +146,7 @@ def _check(args) -> int:
     print(f"Checking {Path(args.notebook).name} in a fresh kernel (starting it: sandbox, torch, "
           "llmcore; each test's result follows as it finishes) ...", flush=True)
     report = check(args.notebook, timeout=args.timeout,
+                   standby=False if args.no_standby else None,
                    on_test=lambda test: print("\n".join(format_test(test)), flush=True))
     print(format_report(report, streamed=True))
     if args.profile:

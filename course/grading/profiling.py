@@ -26,6 +26,7 @@ from .cells import is_test
 from .executor import BoundedExecute
 
 KERNEL_START = "kernel start (sandbox, interpreter, preloaded imports)"
+KERNEL_FROM_STANDBY = "kernel taken from the standby (started after the last check)"
 LEARNER_CELLS = "the learner's cells"
 TEST_CELLS = "test cells (fresh-input twins included)"
 KERNEL_STOP = "kernel shutdown (sandbox removed)"
@@ -100,15 +101,24 @@ class ProfiledExecute(BoundedExecute):
 
     on_cell: Callable | None = None
 
+    def _start_phase(self) -> str:
+        return KERNEL_FROM_STANDBY if getattr(self.km, "from_standby", False) else KERNEL_START
+
     async def async_start_new_kernel(self, **kwargs):
-        with ACTIVE.time(KERNEL_START):
+        start = time.perf_counter()
+        try:
             await super().async_start_new_kernel(**kwargs)
+        finally:
+            ACTIVE.add(self._start_phase(), time.perf_counter() - start)
 
     start_new_kernel = run_sync(async_start_new_kernel)
 
     async def async_start_new_kernel_client(self):
-        with ACTIVE.time(KERNEL_START, count=0):  # waits for the kernel: its imports run first
+        start = time.perf_counter()          # waits for the kernel: its imports run first
+        try:
             return await super().async_start_new_kernel_client()
+        finally:
+            ACTIVE.add(self._start_phase(), time.perf_counter() - start, count=0)
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)
 

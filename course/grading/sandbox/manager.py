@@ -140,11 +140,6 @@ class SandboxedKernelManager(AsyncKernelManager):
         finally:
             self._quiet_shutdown = False
 
-    async def _async_interrupt_kernel(self) -> None:
-        if getattr(self, "_quiet_shutdown", False):
-            return
-        await super()._async_interrupt_kernel()
-
     shutdown_kernel = _async_shutdown_kernel     # AsyncKernelManager binds its parent's here
 
     async def _async_interrupt_kernel(self) -> None:

@@ -1,0 +1,181 @@
+"""The learner's check's standby kernel (course/grading/standby.py): the next check takes the
+kernel the previous one left started, each kernel is still fresh and used once, a standby made
+another way is not taken, one left alone stops, and a check that lets go kills its kernel.
+
+Each test keeps its standbys in a folder of its own (``TMPDIR``), short enough for a unix socket's
+path, and stops them when it ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course.grading import sandbox, standby
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = ROOT / "exercises" / "01_matmul" / "matmul.ipynb"
+BARE = standby.Spec("python3", ("--IPKernelApp.log_level=ERROR",), 2048, 600)
+"""A kernel with no preloads: quick to start, made like a check's in every other way."""
+
+pytestmark = pytest.mark.skipif(sandbox.sandbox_problem() is not None,
+                                reason=f"the sandbox cannot start here: {sandbox.sandbox_problem()}")
+
+
+@pytest.fixture
+def own_root(monkeypatch):
+    """This test's standby folder (TMPDIR) with standbys on; every standby stopped after."""
+    folder = tempfile.mkdtemp(prefix="sb", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", folder)
+    monkeypatch.setenv(standby.SWITCH, "1")
+    tempfile.tempdir = None                      # gettempdir() reads TMPDIR again
+    try:
+        yield standby.standby_root()
+    finally:
+        standby.stop_all()
+        tempfile.tempdir = None
+        monkeypatch.undo()
+        tempfile.tempdir = None
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def waiting(root: Path) -> list[Path]:
+    """The standbys no check has taken (their socket is there)."""
+    return [f for f in standby._standbys(root) if (f / standby.SOCKET_FILE).exists()]
+
+
+def until(condition, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def course_check(notebook: Path, *options: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "course.grading", "check", "--profile",
+                           *options, str(notebook)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    return done.stdout + done.stderr
+
+
+def with_learner_code(tmp_path: Path, name: str, code: str) -> Path:
+    """Exercise 1 with its first answer cell replaced by ``code``."""
+    nb = nbformat.read(str(EXERCISE), as_version=4)
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+    answer.source = code
+    path = tmp_path / name / EXERCISE.name
+    path.parent.mkdir()
+    nbformat.write(nb, str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_the_next_check_takes_the_kernel_the_last_one_left_and_leaves_another(own_root):
+    first = course_check(EXERCISE)
+    assert "kernel start (sandbox" in first and "kernel taken from the standby" not in first
+    assert until(lambda: waiting(own_root) and standby.settle(0.1)), "no standby was left"
+    (left,) = waiting(own_root)
+    second = course_check(EXERCISE)
+    assert "kernel taken from the standby" in second and "kernel start (sandbox" not in second
+    verdicts = [line for line in second.splitlines() if line.startswith("  FAIL")]
+    assert verdicts == [line for line in first.splitlines() if line.startswith("  FAIL")]
+    assert until(lambda: not left.exists()), "the taken standby did not end with its check"
+    assert until(lambda: len(waiting(own_root)) == 1), "the second check left no standby"
+    assert waiting(own_root)[0] != left
+    off = course_check(EXERCISE, "--no-standby")
+    assert "kernel start (sandbox" in off and len(waiting(own_root)) == 1
+
+
+@pytest.mark.slow
+def test_a_taken_kernel_is_fresh_and_keeps_the_cell_timeout(own_root, tmp_path):
+    writes = with_learner_code(tmp_path, "a", "import builtins, os\n"
+                               "open('/tmp/left-by-a', 'w').write('a')\n"
+                               "open(os.path.expanduser('~/left-by-a'), 'w').write('a')\n"
+                               "builtins.left_by_a = True\n")
+    course_check(writes)
+    assert until(lambda: waiting(own_root) and standby.settle(0.1))
+    reads = with_learner_code(tmp_path, "b", "import builtins, os\n"
+                              "seen = [p for p in ('/tmp/left-by-a', '~/left-by-a') "
+                              "if os.path.exists(os.path.expanduser(p))]\n"
+                              "assert not seen and not hasattr(builtins, 'left_by_a'), seen\n"
+                              "while True:\n    pass\n")
+    start = time.monotonic()
+    text = course_check(reads, "--timeout", "3")
+    assert "kernel taken from the standby" in text
+    assert "CellTimeoutError" in text and "AssertionError" not in text, text
+    assert time.monotonic() - start < 60
+
+
+def test_a_standby_made_another_way_is_not_taken_and_is_asked_to_stop(own_root):
+    assert standby.leave(BARE) == own_root
+    assert until(lambda: waiting(own_root) and standby.settle(0.1))
+    (bare,) = waiting(own_root)
+    other = standby.Spec(BARE.kernel_name, BARE.extra_arguments, 1024, BARE.notebook_timeout)
+    assert other.key() != BARE.key()
+    assert standby.claim(other) is None and bare.exists()
+    assert standby.leave(BARE) is None                    # one unclaimed standby per spec
+    standby.leave(other)
+    assert until(lambda: not bare.exists()), "the other spec's standby did not stop"
+    assert until(lambda: [f.name.rpartition("-")[0] for f in waiting(own_root)]
+                 == [other.key()])
+
+
+def test_the_key_follows_the_files_the_kernel_is_made_of(own_root, monkeypatch):
+    files = [Path(path) for path, _, _ in standby._package_files()]
+    names = {(p.parent.name, p.name) for p in files}
+    assert {("llmcheck", "seal.py"), ("llmcore", "model.py"), ("sandbox", "bwrap.py")} <= names
+    before = BARE.key()
+    monkeypatch.setattr(standby, "_package_files", lambda: [[str(files[0]), 1, 2]])
+    assert BARE.key() != before
+
+
+def test_a_kernel_let_go_is_killed_with_its_sandbox(own_root):
+    standby.leave(BARE)
+    assert until(lambda: waiting(own_root) and standby.settle(0.1))
+    (folder,) = waiting(own_root)
+    pid = int(folder.name.rpartition("-")[2])
+    claimed = standby.claim(BARE)
+    assert claimed is not None and not (folder / standby.SOCKET_FILE).exists()
+    assert standby.claim(BARE) is None                    # used once
+    import asyncio
+    assert asyncio.run(claimed.poll()) is None            # running
+    asyncio.run(claimed.cleanup())                         # as a killed check's socket closes
+    assert until(lambda: not folder.exists(), 30)
+    assert until(lambda: not alive(pid), 30)
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie, ended but not yet waited for by this test's process, does
+    not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_an_unclaimed_standby_stops_when_its_time_is_up(own_root, monkeypatch):
+    monkeypatch.setenv(standby.IDLE, "1")
+    standby.leave(BARE)
+    assert until(lambda: waiting(own_root))
+    (folder,) = waiting(own_root)
+    assert until(lambda: not folder.exists(), 60), "the idle standby is still there"
+
+
+def test_a_folder_others_can_open_is_not_used(own_root):
+    os.chmod(own_root, 0o755)
+    try:
+        with pytest.raises(standby.StandbyUnsafe, match="0700"):
+            standby.standby_root()
+        assert standby.claim(BARE) is None and standby.leave(BARE) is None
+    finally:
+        os.chmod(own_root, 0o700)
