@@ -58,8 +58,7 @@ def test_a_quick_grading_run_reports_every_figure():
                      r"loop .*: [\d.]+x faster \(goal 3x\); [\d.]+ s with none ready "
                      r"\(--no-standby\): [\d.]+x; first line after [\d.]+ s then, [\d.]+ s now",
                      text), text
-    left = [f for f in standby.standby_root().iterdir() if (f / standby.SOCKET_FILE).exists()]
-    assert not left, f"the benchmark left standby kernels running: {left}"
+    assert not standby.untaken(), "the benchmark left standby kernels running"
     for part in ("the submissions", "the whole run"):
         assert re.search(rf"= \d+ notebooks on \d+ workers, {part}.*: [\d.]+ notebooks/min then, "
                          r"[\d.]+ now: [\d.]+x \(goal 3x\)", text), text

@@ -46,11 +46,6 @@ def own_root(monkeypatch):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def waiting(root: Path) -> list[Path]:
-    """The standbys no check has taken (their socket is there)."""
-    return [f for f in standby._standbys(root) if (f / standby.SOCKET_FILE).exists()]
-
-
 def until(condition, seconds: float = 60) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -82,17 +77,17 @@ def with_learner_code(tmp_path: Path, name: str, code: str) -> Path:
 def test_the_next_check_takes_the_kernel_the_last_one_left_and_leaves_another(own_root):
     first = course_check(EXERCISE)
     assert "kernel start (sandbox" in first and "kernel taken from the standby" not in first
-    assert until(lambda: waiting(own_root) and standby.settle(0.1)), "no standby was left"
-    (left,) = waiting(own_root)
+    assert until(lambda: standby.untaken() and standby.settle(0.1)), "no standby was left"
+    (left,) = standby.untaken()
     second = course_check(EXERCISE)
     assert "kernel taken from the standby" in second and "kernel start (sandbox" not in second
     verdicts = [line for line in second.splitlines() if line.startswith("  FAIL")]
     assert verdicts == [line for line in first.splitlines() if line.startswith("  FAIL")]
     assert until(lambda: not left.exists()), "the taken standby did not end with its check"
-    assert until(lambda: len(waiting(own_root)) == 1), "the second check left no standby"
-    assert waiting(own_root)[0] != left
+    assert until(lambda: len(standby.untaken()) == 1), "the second check left no standby"
+    assert standby.untaken()[0] != left
     off = course_check(EXERCISE, "--no-standby")
-    assert "kernel start (sandbox" in off and len(waiting(own_root)) == 1
+    assert "kernel start (sandbox" in off and len(standby.untaken()) == 1
 
 
 @pytest.mark.slow
@@ -102,7 +97,7 @@ def test_a_taken_kernel_is_fresh_and_keeps_the_cell_timeout(own_root, tmp_path):
                                "open(os.path.expanduser('~/left-by-a'), 'w').write('a')\n"
                                "builtins.left_by_a = True\n")
     course_check(writes)
-    assert until(lambda: waiting(own_root) and standby.settle(0.1))
+    assert until(lambda: standby.untaken() and standby.settle(0.1))
     reads = with_learner_code(tmp_path, "b", "import builtins, os\n"
                               "seen = [p for p in ('/tmp/left-by-a', '~/left-by-a') "
                               "if os.path.exists(os.path.expanduser(p))]\n"
@@ -116,17 +111,17 @@ def test_a_taken_kernel_is_fresh_and_keeps_the_cell_timeout(own_root, tmp_path):
 
 
 def test_a_standby_made_another_way_is_not_taken_and_is_asked_to_stop(own_root):
-    assert standby.leave(BARE) == own_root
-    assert until(lambda: waiting(own_root) and standby.settle(0.1))
-    (bare,) = waiting(own_root)
+    bare = standby.leave(BARE)
+    assert bare is not None and bare.parent == own_root and standby.untaken() == [bare]
     other = standby.Spec(BARE.kernel_name, BARE.extra_arguments, 1024, BARE.notebook_timeout)
     assert other.key() != BARE.key()
     assert standby.claim(other) is None and bare.exists()
     assert standby.leave(BARE) is None                    # one unclaimed standby per spec
     standby.leave(other)
     assert until(lambda: not bare.exists()), "the other spec's standby did not stop"
-    assert until(lambda: [f.name.rpartition("-")[0] for f in waiting(own_root)]
+    assert until(lambda: [f.name.rpartition("-")[0] for f in standby.untaken()]
                  == [other.key()])
+    assert standby.stop_all() == 1 and not standby.untaken()
 
 
 def test_the_key_follows_the_files_the_kernel_is_made_of(own_root, monkeypatch):
@@ -139,12 +134,11 @@ def test_the_key_follows_the_files_the_kernel_is_made_of(own_root, monkeypatch):
 
 
 def test_a_kernel_let_go_is_killed_with_its_sandbox(own_root):
-    standby.leave(BARE)
-    assert until(lambda: waiting(own_root) and standby.settle(0.1))
-    (folder,) = waiting(own_root)
+    folder = standby.leave(BARE)
     pid = int(folder.name.rpartition("-")[2])
-    claimed = standby.claim(BARE)
-    assert claimed is not None and not (folder / standby.SOCKET_FILE).exists()
+    claimed = standby.claim(BARE)                          # waits for it to start
+    assert claimed is not None and (folder / standby.TAKEN_FILE).exists()
+    assert not (folder / standby.SOCKET_FILE).exists() and standby.untaken() == []
     assert standby.claim(BARE) is None                    # used once
     import asyncio
     assert asyncio.run(claimed.poll()) is None            # running
@@ -165,9 +159,8 @@ def alive(pid: int) -> bool:
 
 def test_an_unclaimed_standby_stops_when_its_time_is_up(own_root, monkeypatch):
     monkeypatch.setenv(standby.IDLE, "1")
-    standby.leave(BARE)
-    assert until(lambda: waiting(own_root))
-    (folder,) = waiting(own_root)
+    folder = standby.leave(BARE)
+    assert until(lambda: (folder / standby.READY_FILE).exists())
     assert until(lambda: not folder.exists(), 60), "the idle standby is still there"
 
 

@@ -6,7 +6,8 @@ One audience per module: :mod:`.check` (the learner's visible tests), :mod:`.gra
 :mod:`.release` (solutions/ -> exercises/), :mod:`.edition` (the learner edition),
 :mod:`.executor` (the bounded executor that runs every notebook, without nbgrader),
 :mod:`.integrity` (what the executor asks the harness after each test cell),
-:mod:`.sandbox` (what a notebook's kernel may see and use), :mod:`.secret` (the grade run's
+:mod:`.sandbox` (what a notebook's kernel may see and use), :mod:`.standby` (the kernel a
+learner's check leaves started for the next), :mod:`.secret` (the grade run's
 secret), :mod:`.verdicts` (each test cell judged against the solution's records),
 :mod:`.judging` (the solution's records and the ``Verdicts`` step of nbgrader's autograde),
 :mod:`.review` (evidence for the instructor's review, never a lost point), :mod:`.feedback` and

@@ -53,7 +53,8 @@ overrides it)."""
 SWITCH = "COURSE_CHECK_STANDBY"          # "0": no standby is claimed or left
 IDLE = "COURSE_CHECK_STANDBY_IDLE"
 READY_FILE = "ready"                     # written in a standby's folder once its kernel is up
-SOCKET_FILE = "sock"
+SOCKET_FILE = "sock"                     # bound as the standby starts, removed when taken
+TAKEN_FILE = "taken"                     # written when a check takes the kernel
 STARTUP_S = 120                          # the most a standby waits for its kernel to start
 CLAIM_S = 60                             # the most a check waits for a standby still starting
 
@@ -184,8 +185,9 @@ def _key_of(folder: Path) -> str:
     return folder.name.rpartition("-")[0]
 
 
-def _standbys(root: Path) -> list[Path]:
-    """The standbys' folders, each ``<key>-<pid>``; those whose process is gone are removed."""
+def _standbys(root: Path, *, taken: bool = False) -> list[Path]:
+    """The standbys' folders, each ``<key>-<pid>`` (those whose process is gone are removed),
+    starting or waiting; ``taken``: those a check holds too."""
     found = []
     for folder in sorted(root.iterdir()):
         key, _, pid = folder.name.rpartition("-")
@@ -198,16 +200,29 @@ def _standbys(root: Path) -> list[Path]:
             continue
         except PermissionError:
             pass
-        found.append(folder)
+        if taken or not (folder / TAKEN_FILE).exists():
+            found.append(folder)
     return found
 
 
+def untaken() -> list[Path]:
+    """This user's standbys that no check holds (starting or waiting), by folder."""
+    root = _usable_root()
+    return _standbys(root) if root is not None else []
+
+
 def _connect(folder: Path, request: dict, timeout: float) -> tuple[socket.socket, dict] | None:
-    """Send a standby its first (and only) request; (the socket, its answer), or None when it
-    is gone, taken by another check, or does not answer within ``timeout``."""
+    """Send a standby its first (and only) request, waiting up to ``timeout`` for one still
+    starting to listen and then to answer; (the socket, its answer), or None when it is gone,
+    taken by another check, or silent."""
+    deadline = time.monotonic() + timeout
+    while not (folder / SOCKET_FILE).exists():
+        if time.monotonic() > deadline or not folder.exists():
+            return None
+        time.sleep(0.02)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.settimeout(timeout)
+        connection.settimeout(max(0.1, deadline - time.monotonic()))
         connection.connect(str(folder / SOCKET_FILE))
         connection.sendall((json.dumps(request) + "\n").encode())
         line = connection.makefile("r", encoding="utf-8").readline()
@@ -221,8 +236,8 @@ def _connect(folder: Path, request: dict, timeout: float) -> tuple[socket.socket
 
 
 def _ask_to_stop(folder: Path) -> bool:
-    """Ask an unclaimed standby to stop; whether it heard."""
-    answered = _connect(folder, {"op": "quit"}, 5)
+    """Ask a standby no check holds to stop; whether it heard."""
+    answered = _connect(folder, {"op": "quit"}, STARTUP_S)
     if answered is not None:
         answered[0].close()
     return answered is not None
@@ -244,37 +259,34 @@ def claim(spec: Spec) -> Claimed | None:
 
 
 def leave(spec: Spec) -> Path | None:
-    """Start a standby for the next check made as ``spec`` says (in the background), unless an
-    unclaimed one is already there; standbys made otherwise (an older llmcore, other limits)
-    are asked to stop. Returns the standby root, or None when none was started."""
+    """Start a standby for the next check made as ``spec`` says (in the background), unless one
+    no check holds is already there; standbys made otherwise (an older llmcore, other limits)
+    are asked to stop. Returns the new standby's folder (made before this returns), or None."""
     root, key = _usable_root(), spec.key()
     if root is None:
         return None
     for folder in _standbys(root):
-        if not (folder / SOCKET_FILE).exists():
-            continue                              # taken by a check (its socket is gone)
         if _key_of(folder) == key:
             return None
         _ask_to_stop(folder)
-    subprocess.Popen([sys.executable, "-m", "course.grading.standby", spec.to_json()],
-                     cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    return root
+    process = subprocess.Popen(
+        [sys.executable, "-m", "course.grading.standby", spec.to_json(), str(root), key],
+        cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    folder = root / f"{key}-{process.pid}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
-def stop_all(timeout: float = 30) -> int:
-    """Ask every unclaimed standby of this user to stop, and wait until their folders are gone
-    (their kernels killed); returns how many were asked."""
+def stop_all(timeout: float = STARTUP_S) -> int:
+    """Ask every standby of this user that no check holds to stop (one still starting when it
+    listens), and wait until they are gone; returns how many heard."""
     root = standby_root()
-    asked = 0
-    for folder in _standbys(root):
-        if (folder / SOCKET_FILE).exists():
-            asked += _ask_to_stop(folder)
+    heard = sum(_ask_to_stop(folder) for folder in _standbys(root))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any((f / SOCKET_FILE).exists()
-                                              for f in _standbys(root)):
+    while time.monotonic() < deadline and _standbys(root):
         time.sleep(0.05)
-    return asked
+    return heard
 
 
 def settle(timeout: float = STARTUP_S) -> bool:
@@ -359,12 +371,15 @@ def _attend(connection: socket.socket, process: subprocess.Popen, seconds: int) 
         connection.sendall((json.dumps({"returncode": process.poll()}) + "\n").encode())
 
 
-async def serve(spec: Spec) -> None:
+async def serve(spec: Spec, root: Path, key: str) -> None:
     """The standby process: start the kernel, wait for one check to take it (or quit when
-    ``idle_seconds`` pass or another check asks it to), attend to that check, then clean up."""
-    root = standby_root()
-    folder = root / f"{spec.key()}-{os.getpid()}"
-    folder.mkdir(mode=0o700)
+    ``idle_seconds`` pass or another check asks it to), attend to that check, then clean up.
+    Its folder is ``<root>/<key>-<pid>`` (:func:`leave` makes it too, so that it is seen at
+    once); only a claim with ``key`` is answered."""
+    if root != standby_root():
+        raise StandbyUnsafe(f"{root} is not this user's standby folder {standby_root()}")
+    folder = root / f"{key}-{os.getpid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     manager = None
     try:
@@ -384,17 +399,20 @@ async def serve(spec: Spec) -> None:
                 request = json.loads(lines.readline() or "{}")
             except (OSError, ValueError):
                 request = {}
-            if request.get("op") == "claim" and request.get("key") == spec.key():
+            alive = manager.provisioner.process.poll() is None
+            if request.get("op") == "claim" and request.get("key") == key and alive:
                 break
             answer = {"stopping": True} if request.get("op") == "quit" else {
-                "refused": "a standby is taken by a check made as it was (the same key)"}
+                "refused": "its kernel has ended" if not alive else
+                "a standby is taken by a check made as it was (the same key)"}
             try:
                 connection.sendall((json.dumps(answer) + "\n").encode())
             except OSError:
                 pass
             connection.close()
-            if request.get("op") == "quit":
+            if request.get("op") == "quit" or not alive:
                 return
+        (folder / TAKEN_FILE).touch()
         listener.close()                          # one check only: the next finds no socket
         (folder / SOCKET_FILE).unlink(missing_ok=True)
         info = manager.get_connection_info(session=False)
@@ -411,11 +429,11 @@ async def serve(spec: Spec) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m course.grading.standby SPEC_JSON (started by course-check)",
-              file=sys.stderr)
+    if len(argv) != 3:
+        print("usage: python -m course.grading.standby SPEC_JSON ROOT KEY (started by "
+              "course-check)", file=sys.stderr)
         return 2
-    asyncio.run(serve(Spec.from_json(argv[0])))
+    asyncio.run(serve(Spec.from_json(argv[0]), Path(argv[1]), argv[2]))
     return 0
 
 
