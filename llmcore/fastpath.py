@@ -172,7 +172,8 @@ class FastDecoder:
         x = self.embed(tokens, positions)                                       # (b, n, d)
         rotation = self.rotation(positions)
         start = cache.length
-        mask = self.visible(mask, start, tokens.shape[1], tokens.device)
+        if cache.keys.shape[3] >= start + tokens.shape[1]:      # a ring draws its own band
+            mask = self.visible(mask, start, tokens.shape[1], tokens.device)
         for layer, weights in enumerate(self.blocks):
             x = self.block(x, weights, cache.keys[layer], cache.values[layer], start, mask,
                            rotation)                                            # (b, n, d)

@@ -48,6 +48,10 @@ def test_reports_bandwidth_generation_paging_and_attention_ratios(report):
     for backend in ("fused", "explicit"):
         assert ratio(report, f"mixed lengths, paged / contiguous decode step time ({backend})") > 0
     assert ratio(report, "shared prefix, contiguous / shared-prefix decode step time") > 0
+    assert ratio(report, "Mistral decode step, ring / static cache time") > 0
+    ring = re.search(r"ring of W rows .*, (\d+) KiB of cache; static cache of every row "
+                     r".*, (\d+) KiB", report)
+    assert ring and float(ring.group(1)) < float(ring.group(2)), report    # 48 rows of 193
     assert ratio(report, "explicit attention() time / SDPA time (n=32)") > 0
     assert ratio(report, "tiled / SDPA time (n=64)") > 0
     assert ratio(report, "tiled / SDPA peak memory (n=64)") > 0

@@ -26,6 +26,8 @@
 * the tied output projection of one token read as the embedding (v, d) and from the fast path's
   transposed (d, v) copy, and what the copy costs;
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
+* Mistral's sliding window: a decode step over the ring of the window's rows against one over a
+  static cache of every row, in time and in the cache's storage;
 * a paged decode step against a contiguous one on 16 sequences of mixed lengths (20-900);
 * a shared-prefix decode step against a contiguous cache that stores the prefix per sequence;
 * attention measured directly: llmcore's explicit ``attention`` against PyTorch's
@@ -54,12 +56,14 @@ from llmcore.device import describe_machine
 from llmcore.fastpath import FastDecoder, FastGPT, FastModels, StaticCache, fast_model
 from llmcore.generate import generate
 from llmcore.kvcache import KVCache
+from llmcore.llama import Llama, LlamaConfig
 from llmcore.lowbit import PRECISIONS
 from llmcore.model import GPT, GPTConfig
 from llmcore.paged import PagedKVCache
 from llmcore.paged_batch import block_run
 from llmcore.peak_memory import peak_memory
 from llmcore.prefix import SharedPrefixCache
+from llmcore.storage import storage_bytes
 from llmcore.tiled import DEFAULT_BLOCK, DEFAULT_BLOCK_Q, tiled_attention
 from llmcore.timing import time_call
 from .ops import format_seconds, write_ratio
@@ -258,10 +262,12 @@ def generation(out: TextIO, label: str, model: GPT, peer, sizes: Sizes,
                         at_least=FAST_VS_TRANSFORMERS_AT_LEAST, checked=checked)
 
 
-def decode_step_seconds(fast: FastDecoder, b: int, context: int, sizes: Sizes) -> float:
-    """One fast decode step at batch b after ``context`` cached tokens (best of 7)."""
+def decode_step_seconds(fast: FastDecoder, b: int, context: int, sizes: Sizes,
+                        capacity: int | None = None) -> float:
+    """One fast decode step at batch b after ``context`` cached tokens (best of 7), the cache
+    holding ``capacity`` rows (default: every token; a sliding window's W: the ring)."""
     model = fast.model
-    cache = StaticCache(model, b, context + 1, dtype=fast.dtype)
+    cache = StaticCache(model, b, capacity or context + 1, dtype=fast.dtype)
     ids = torch.zeros(b, context + 1, dtype=torch.long, device=model.device)
     positions = torch.arange(context + 1, device=model.device).expand(b, context + 1)
     with torch.inference_mode():
@@ -288,6 +294,35 @@ def decode_vs_bandwidth(out: TextIO, label: str, model: GPT, bandwidth: float, s
     else:
         write_ratio(out, f"{label} decode step time / weight-read bound", seconds / bound,
                     at_most=STEP_VS_BOUND_AT_MOST if label == "4M" else None, checked=checked)
+
+
+def rolling_cache(out: TextIO, sizes: Sizes, device: torch.device) -> None:
+    """Mistral's sliding window on the fast path: one decode step after four windows of context
+    over the ring of the last W rows (FastStep's cache without padding) and over a static cache
+    of every row, which the step reads only the window of; their time and their cache's storage
+    (measured from the tensors)."""
+    window = sizes.prompt * 8
+    context = 4 * window
+    shape = sizes.llama
+    config = LlamaConfig(vocab_size=shape["vocab_size"], max_seq_len=context + 1,
+                         d_model=shape["hidden_size"], n_heads=shape["num_attention_heads"],
+                         n_kv_heads=shape["num_key_value_heads"],
+                         n_layers=shape["num_hidden_layers"], d_ff=shape["intermediate_size"],
+                         sliding_window=window)
+    fast = fast_model(Llama(config, device=device, seed=0).eval())
+    seconds, held = {}, {}
+    for name, capacity in (("ring", window), ("static", context + 1)):
+        seconds[name] = decode_step_seconds(fast, 1, context, sizes, capacity)
+        cache = StaticCache(fast.model, 1, capacity, dtype=fast.dtype)
+        held[name] = storage_bytes([cache.keys, cache.values])
+    label = LLAMA_LABEL if sizes is FULL else "tiny Llama"
+    out.write(f"\nMistral's sliding window, {label} shape with W = {window}: one fast decode "
+              f"step after {context} tokens, batch 1: ring of W rows "
+              f"{format_seconds(seconds['ring'])}, {held['ring'] / 2**10:.0f} KiB of cache; static "
+              f"cache of every row {format_seconds(seconds['static'])}, "
+              f"{held['static'] / 2**10:.0f} KiB (storage of the tensors)\n")
+    write_ratio(out, "Mistral decode step, ring / static cache time",
+                seconds["ring"] / seconds["static"])
 
 
 def quantized_peer(peer):
@@ -684,6 +719,7 @@ def run(out: TextIO, *, quick: bool = False, device: torch.device | str | None =
                   f"parameters): {note}\n")
         precision_generation(out, label, model, peers, sizes, checked)
     del model, peers
+    rolling_cache(out, sizes, device)
     paged_mixed_lengths(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes,
                         checked)
     shared_prefix(out, GPT(sizes.shapes[0][1], device=device, seed=0).eval(), sizes, checked)
