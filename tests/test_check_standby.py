@@ -172,3 +172,16 @@ def test_a_folder_others_can_open_is_not_used(own_root):
         assert standby.claim(BARE) is None and standby.leave(BARE) is None
     finally:
         os.chmod(own_root, 0o700)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_folder_another_user_made_first_is_not_used(own_root):
+    """On a shared machine another user can make /tmp/course-check-standby-<your uid> before
+    your first check, to hand out kernels: it is refused, and the check starts its own."""
+    os.chown(own_root, 4242, 4242)
+    try:
+        with pytest.raises(standby.StandbyUnsafe, match=f"uid {os.getuid()}"):
+            standby.standby_root()
+        assert standby.claim(BARE) is None and standby.leave(BARE) is None
+    finally:
+        os.chown(own_root, 0, 0)
