@@ -158,7 +158,7 @@ def alive(pid: int) -> bool:
 
 
 def test_an_unclaimed_standby_stops_when_its_time_is_up(own_root, monkeypatch):
-    monkeypatch.setenv(standby.IDLE, "1")
+    monkeypatch.setenv(standby.IDLE, "3")
     folder = standby.leave(BARE)
     assert until(lambda: (folder / standby.READY_FILE).exists())
     assert until(lambda: not folder.exists(), 60), "the idle standby is still there"

@@ -235,9 +235,10 @@ def _connect(folder: Path, request: dict, timeout: float) -> tuple[socket.socket
     return None
 
 
-def _ask_to_stop(folder: Path) -> bool:
-    """Ask a standby no check holds to stop; whether it heard."""
-    answered = _connect(folder, {"op": "quit"}, STARTUP_S)
+def _ask_to_stop(folder: Path, timeout: float = STARTUP_S) -> bool:
+    """Ask a standby no check holds to stop (one still starting hears it once its kernel is up,
+    within ``timeout``); whether it heard."""
+    answered = _connect(folder, {"op": "quit"}, timeout)
     if answered is not None:
         answered[0].close()
     return answered is not None
@@ -268,7 +269,7 @@ def leave(spec: Spec) -> Path | None:
     for folder in _standbys(root):
         if _key_of(folder) == key:
             return None
-        _ask_to_stop(folder)
+        _ask_to_stop(folder, timeout=10)          # the check waits for this, a few seconds
     process = subprocess.Popen(
         [sys.executable, "-m", "course.grading.standby", spec.to_json(), str(root), key],
         cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
