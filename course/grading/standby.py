@@ -19,8 +19,9 @@ removes its folder and exits.
 
 Only where the sandbox works (an unsandboxed kernel runs in the notebook's own folder, which is
 not known in advance). The standbys of a user live in one private folder
-(:func:`standby_root`); there is at most one unclaimed standby per user. Off with
-``course-check --no-standby`` or ``COURSE_CHECK_STANDBY=0`` (the test suite sets it).
+(:func:`standby_root`); a check leaves one only where none made the same way waits, and asks
+those made otherwise to stop. Off with ``course-check --no-standby`` or
+``COURSE_CHECK_STANDBY=0`` (the test suite sets it).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import ClassVar
 from jupyter_client.manager import in_pending_state
 
 from .sandbox import (KERNEL_PACKAGES, PASSED_ENV, SandboxedKernelManager, bwrap_program,
-                      kill_tree, package_dir, sandbox_problem)
+                      kill_tree, package_dir)
 
 STANDBY_IDLE_S = 300
 """Seconds an unclaimed standby keeps its kernel before it stops (``COURSE_CHECK_STANDBY_IDLE``
