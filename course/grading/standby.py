@@ -133,9 +133,8 @@ class Claimed:
     (jupyter_client asks it whether the kernel runs, and to kill it), each question a line of
     JSON to the standby over its socket."""
 
-    def __init__(self, connection: socket.socket, info: dict):
-        self.socket, self.info = connection, info
-        self._lines = connection.makefile("r", encoding="utf-8")
+    def __init__(self, connection: socket.socket, lines, info: dict):
+        self.socket, self._lines, self.info = connection, lines, info   # lines: its one reader
         self.has_process = True
 
     def _ask(self, request: dict) -> dict:
@@ -212,10 +211,11 @@ def untaken() -> list[Path]:
     return _standbys(root) if root is not None else []
 
 
-def _connect(folder: Path, request: dict, timeout: float) -> tuple[socket.socket, dict] | None:
+def _connect(folder: Path, request: dict, timeout: float):
     """Send a standby its first (and only) request, waiting up to ``timeout`` for one still
-    starting to listen and then to answer; (the socket, its answer), or None when it is gone,
-    taken by another check, or silent."""
+    starting to listen and then to answer; (the socket, its reader, the answer), or None when
+    it is gone, taken by another check, or silent. The reader is the socket's only one: a
+    second would miss what the first had buffered."""
     deadline = time.monotonic() + timeout
     while not (folder / SOCKET_FILE).exists():
         if time.monotonic() > deadline or not folder.exists():
@@ -226,10 +226,11 @@ def _connect(folder: Path, request: dict, timeout: float) -> tuple[socket.socket
         connection.settimeout(max(0.1, deadline - time.monotonic()))
         connection.connect(str(folder / SOCKET_FILE))
         connection.sendall((json.dumps(request) + "\n").encode())
-        line = connection.makefile("r", encoding="utf-8").readline()
+        lines = connection.makefile("r", encoding="utf-8")
+        line = lines.readline()
         connection.settimeout(None)
         if line:
-            return connection, json.loads(line)
+            return connection, lines, json.loads(line)
     except (OSError, ValueError):
         pass
     connection.close()
@@ -253,8 +254,8 @@ def claim(spec: Spec) -> Claimed | None:
         if _key_of(folder) != key:
             continue
         answered = _connect(folder, {"op": "claim", "key": key}, CLAIM_S)
-        if answered is not None and "connection" in answered[1]:
-            return Claimed(answered[0], answered[1]["connection"])
+        if answered is not None and "connection" in answered[2]:
+            return Claimed(*answered[:2], answered[2]["connection"])
         if answered is not None:
             answered[0].close()
     return None
@@ -351,11 +352,11 @@ async def _start(spec: Spec) -> SandboxedKernelManager:
     return manager
 
 
-def _attend(connection: socket.socket, process: subprocess.Popen, seconds: int) -> None:
+def _attend(connection: socket.socket, lines, process: subprocess.Popen, seconds: int) -> None:
     """Answer the check that took the kernel until it lets go; kill the kernel ``seconds``
-    after the take-over (0: no limit)."""
+    after the take-over (0: no limit). lines: the socket's reader (the check asks one question
+    at a time, so nothing waits in its buffer when select looks)."""
     deadline = time.monotonic() + seconds if seconds > 0 else None
-    lines = connection.makefile("r", encoding="utf-8")
     while True:
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         readable, _, _ = select.select([connection], [], [], wait)
@@ -422,7 +423,7 @@ async def serve(spec: Spec, root: Path, key: str) -> None:
         connection.settimeout(None)
         with connection:
             connection.sendall((json.dumps({"connection": info}) + "\n").encode())
-            _attend(connection, manager.provisioner.process, spec.notebook_timeout)
+            _attend(connection, lines, manager.provisioner.process, spec.notebook_timeout)
     finally:
         listener.close()
         if manager is not None:
