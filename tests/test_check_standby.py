@@ -7,6 +7,7 @@ path, and stops them when it ends."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -30,8 +31,11 @@ pytestmark = pytest.mark.skipif(sandbox.sandbox_problem() is not None,
 
 
 @pytest.fixture
-def own_root(monkeypatch):
-    """This test's standby folder (TMPDIR) with standbys on; every standby stopped after."""
+def own_root(monkeypatch, tmp_path_factory):
+    """This test's standby folder (TMPDIR) with standbys on; every standby stopped after.
+    pytest's own temporary folders are placed first, outside it (they are placed from TMPDIR
+    once per session, and this folder is removed after the test)."""
+    tmp_path_factory.getbasetemp()
     folder = tempfile.mkdtemp(prefix="sb", dir="/tmp")
     monkeypatch.setenv("TMPDIR", folder)
     monkeypatch.setenv(standby.SWITCH, "1")
@@ -40,9 +44,8 @@ def own_root(monkeypatch):
         yield standby.standby_root()
     finally:
         standby.stop_all()
-        tempfile.tempdir = None
         monkeypatch.undo()
-        tempfile.tempdir = None
+        tempfile.tempdir = None                  # and again from the restored TMPDIR
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -140,7 +143,6 @@ def test_a_kernel_let_go_is_killed_with_its_sandbox(own_root):
     assert claimed is not None and (folder / standby.TAKEN_FILE).exists()
     assert not (folder / standby.SOCKET_FILE).exists() and standby.untaken() == []
     assert standby.claim(BARE) is None                    # used once
-    import asyncio
     assert asyncio.run(claimed.poll()) is None            # running
     asyncio.run(claimed.cleanup())                         # as a killed check's socket closes
     assert until(lambda: not folder.exists(), 30)
