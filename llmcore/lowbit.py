@@ -124,16 +124,18 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
     return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
 
 
-W8A8_PIN = torch.tensor([[1.0, -1.0]])
-"""The two columns appended to every row of w8a8's activations, fixing their range to [-1, 1]."""
+W8A8_STEP = 2 / 127
+"""The step in which w8a8 rounds each activation row divided by its largest magnitude."""
+
+W8A8_ZERO = 64
+"""The unsigned code of 0 in w8a8's activations: codes -64..64 travel as 0..128."""
 
 
 class W8A8Linear(NamedTuple):
     """A (d_in, d_out) matrix for the int8 x int8 product: fbgemm's packed int8 codes with one
     scale per output channel (``torch.ops.quantized.linear_prepack``; an opaque object, so its
-    bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales) over
-    d_in + 2 rows, the last two zero: they meet the two columns :data:`W8A8_PIN` appended to
-    the activations (see :func:`_w8a8_linear`)."""
+    bytes are counted by :attr:`weight_bytes`: d_in d_out codes and d_out float32 scales; see
+    :func:`_w8a8_linear` for the product)."""
 
     packed: object
     d_in: int
@@ -148,7 +150,8 @@ def w8a8_available(device: torch.device) -> bool:
     """Whether this torch has the int8 x int8 kernel for ``device``: PyTorch's quantized
     linear ops with the fbgemm (x86) engine, on the CPU only."""
     engines = torch.backends.quantized.supported_engines
-    return (device.type == "cpu" and hasattr(torch.ops.quantized, "linear_dynamic")
+    return (device.type == "cpu"
+            and hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32")
             and ("fbgemm" in engines or "x86" in engines))
 
 
@@ -166,9 +169,9 @@ def w8a8_linear(weight: Tensor, dtype: torch.dtype = torch.float32) -> W8A8Linea
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        codes = torch.cat([q.values.t(), q.values.new_zeros(d_out, 2)], dim=1)
         codes = torch._make_per_channel_quantized_tensor(
-            codes, q.scale.double(), torch.zeros(d_out, dtype=torch.long), 0)  # (d_out, d_in + 2)
+            q.values.t().contiguous(), q.scale.double(),
+            torch.zeros(d_out, dtype=torch.long), 0)                           # (d_out, d_in)
         packed = torch.ops.quantized.linear_prepack(codes, None)
     return W8A8Linear(packed, d_in, d_out)
 
@@ -195,19 +198,20 @@ def w8a8_matmul(x: Tensor, w: W8A8Linear, b: Tensor | None = None) -> Tensor:
 def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
     """x (rows, d_in) float32 @ the int8 matrix (+ b) with int8 activations, one scale per row.
 
-    fbgemm's dynamic kernel rounds its whole input with one scale from the input's min and max
-    (a row's codes would then depend on the rest of its batch). So each row is first divided
-    by its largest magnitude r (every row in [-1, 1]) and gains two columns, +1 and -1, that
-    meet the matrix's two zero rows (they add nothing to the product): the input's range is
-    then [-1, 1] on every call, so the kernel's scale never changes, each row is rounded on
-    its own, and row i of the product, times r[i], is x[i] W whatever the batch. The kernel
-    keeps about 7 bits per activation (``reduce_range``, what PyTorch's dynamic quantization
-    uses, so that CPUs without VNNI cannot overflow their 16-bit pair sums): x[i] / r[i]
-    rounded in steps of 2 / 127, integer codes from -64 to 64 (tested against that float64
-    model in tests/test_fastpath_precision.py)."""
+    Each row is divided by its largest magnitude r (every row then in [-1, 1]) and handed to
+    fbgemm's kernel with a fixed scale, :data:`W8A8_STEP`: it rounds x[i] / r[i] in steps of
+    2 / 127 to integer codes from -64 to 64 (sent unsigned, :data:`W8A8_ZERO` meaning 0),
+    multiplies them by the weight's int8 codes with integer sums, and returns the float32
+    product scaled by the step and each column's scale; times r[i], row i is x[i] W. Each row
+    is rounded on its own, so a row's product never depends on the rest of its batch (fbgemm's
+    dynamic kernel, ``linear_dynamic``, would round the whole input with one scale from its
+    min and max). About 7 bits per activation, as PyTorch's dynamic quantization keeps
+    (``reduce_range``, so that CPUs without VNNI cannot overflow their 16-bit pair sums:
+    2 x 128 x 127 < 2**15). Tested against that float64 model in
+    tests/test_fastpath_precision.py."""
     r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
-    rows = torch.cat([x / r, W8A8_PIN.expand(x.shape[0], 2)], dim=1)        # (rows, d_in + 2)
-    out = torch.ops.quantized.linear_dynamic(rows, w.packed, True)
+    out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+        x / r, W8A8_STEP, W8A8_ZERO, w.packed)                                 # (rows, d_out)
     return out.mul_(r) if b is None else torch.addcmul(b, out, r)
 
 
