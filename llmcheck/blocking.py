@@ -16,6 +16,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from .identity import identity
 from .policy import EXEMPT_MODULES, NotAllowedError, Policy, is_library_name
 
 
@@ -43,13 +44,13 @@ def _numpy_callables() -> list[tuple[object, str, object]]:
             for attr, value in list(vars(module).items()):
                 if callable(value) and not isinstance(value, (type, types.ModuleType)) \
                         and not attr.startswith("_"):
-                    public[id(value)] = value
+                    public[identity(value)] = value
     found = []
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "numpy" or name.startswith("numpy.")):
             continue
         for attr, value in list(vars(module).items()):
-            if id(value) in public and not attr.startswith("__"):
+            if identity(value) in public and not attr.startswith("__"):
                 found.append((module, attr, value))
     return found
 
@@ -77,9 +78,9 @@ def blocked(recorder: Refuser) -> Iterator[dict]:
     llmcore's functions named by the policy (the NumPy reference twins compute without torch),
     every NumPy function (when the policy forbids NumPy), ``Tensor.numpy``/``__array__`` and the
     array -> tensor conversions; in their modules, in ``__main__`` and in llmcore's modules.
-    Yields {id(stand-in): original} (the canaries check they are still in place)."""
+    Yields {identity(stand-in): original} (the canaries check they are still in place)."""
     policy = recorder.policy
-    originals: dict[int, tuple[object, str]] = {}          # id(original) -> description
+    originals: dict[int, tuple[object, str]] = {}          # identity(original) -> description
     patches: list[tuple[object, str, object]] = []
 
     def stand_in(what: str, original):
@@ -100,20 +101,20 @@ def blocked(recorder: Refuser) -> Iterator[dict]:
 
     found = _llmcore_functions(policy.words) if policy.words else []
     for module, attr, value in found:
-        originals[id(value)] = (stand_in(f"{value.__module__}.{value.__qualname__}", value), attr)
+        originals[identity(value)] = (stand_in(f"{value.__module__}.{value.__qualname__}", value), attr)
     if policy.numpy:
         for module, attr, value in _numpy_callables():
-            if id(value) not in originals:
-                originals[id(value)] = (stand_in(f"numpy's {attr}", value), attr)
+            if identity(value) not in originals:
+                originals[identity(value)] = (stand_in(f"numpy's {attr}", value), attr)
             found.append((module, attr, value))
         for attr in _CONVERSIONS:
             value = getattr(torch, attr, None)
             if value is not None:
-                originals[id(value)] = (convert_checked(f"torch.{attr} of an array", value), attr)
+                originals[identity(value)] = (convert_checked(f"torch.{attr} of an array", value), attr)
                 found.append((torch, attr, value))
         for attr in ("numpy", "__array__"):
             value = getattr(torch.Tensor, attr)
-            originals[id(value)] = (stand_in(f"Tensor.{attr}() (a tensor handed to NumPy)",
+            originals[identity(value)] = (stand_in(f"Tensor.{attr}() (a tensor handed to NumPy)",
                                              value), attr)
             found.append((torch.Tensor, attr, value))
     namespaces = [sys.modules.get("__main__")] + [
@@ -123,17 +124,17 @@ def blocked(recorder: Refuser) -> Iterator[dict]:
         if namespace is None:
             continue
         for attr, value in list(vars(namespace).items()):
-            if id(value) in originals:
+            if identity(value) in originals:
                 found.append((namespace, attr, value))
     seen = set()
     for owner, attr, value in found:
-        if (id(owner), attr) in seen:
+        if (identity(owner), attr) in seen:
             continue
-        seen.add((id(owner), attr))
+        seen.add((identity(owner), attr))
         patches.append((owner, attr, value))
-        setattr(owner, attr, originals[id(value)][0])
+        setattr(owner, attr, originals[identity(value)][0])
     try:
-        yield {id(originals[id(v)][0]): (o, a) for o, a, v in patches}
+        yield {identity(originals[identity(v)][0]): (o, a) for o, a, v in patches}
     finally:
         for owner, attr, original in reversed(patches):
             setattr(owner, attr, original)

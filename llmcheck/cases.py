@@ -22,6 +22,7 @@ import torch
 
 from . import fresh
 from .blocking import blocked
+from .identity import identity
 from .record import OPTIONS, RECORD_MIME, RECORD_VERSION, too_large, too_much_live
 from .recorder import NotAllowedError, OpRecorder, Policy, storages_of
 from .tree import fold, tensors_in
@@ -130,9 +131,9 @@ def _unseen(result, recorder: OpRecorder, given) -> bool:
 
 
 def _in_place(stand_ins: dict) -> bool:
-    """Whether every stand-in of :func:`~llmcheck.blocking.blocked` ({id(stand-in): (owner,
+    """Whether every stand-in of :func:`~llmcheck.blocking.blocked` ({identity(stand-in): (owner,
     name)}) is still where it was put: False when the learner's code put a refused name back."""
-    return all(id(getattr(owner, attr, None)) == stand_in_id
+    return all(identity(getattr(owner, attr, None)) == stand_in_id
                for stand_in_id, (owner, attr) in stand_ins.items())
 
 

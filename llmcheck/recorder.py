@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .blocking import blocked
 from .families import FAMILIES, PRODUCT_OPS, SHORTCUT_OPS, SHORTCUTS, Allow, op_family
+from .identity import identity
 from .policies import (ATTENTIONS, AUTOGRAD, BASICS, DECODING, GENERATION, ORDINARY, PAGING,
                        PRODUCTS, QUANTIZATION, SAMPLING, SOFTMAXES)
 from .policy import (CodeOf, NotAllowedError, Policy, autograd_at_work, forbidden_frame,
@@ -181,7 +182,7 @@ class OpRecorder(TorchDispatchMode):
         self._entered_at = []       # the frame of each `with` that entered: where walks stop
         self.dispatching = 0        # > 0 while this recorder hands an op on (its guard sees it)
         self._storages = {}         # storage pointer -> [elements, tensors alive] (track_live)
-        self._tensors = {}          # id(tensor) -> (weak reference, storage pointer)
+        self._tensors = {}          # identity(tensor) -> (weak reference, storage pointer)
 
     def _profile_hook(self, frame, event, arg) -> None:
         """With forbidden callables: every Python call, torch ops or not (an allocator's
@@ -190,7 +191,7 @@ class OpRecorder(TorchDispatchMode):
         harness's own calls (its globals are llmcheck's) are passed over before ``f_code`` is
         read: that read is an audit event (llmcheck/audit.py), and the recorder's bookkeeping
         makes a dozen calls per op."""
-        if event == "call" and id(frame.f_globals) not in _HARNESS_GLOBALS \
+        if event == "call" and identity(frame.f_globals) not in _HARNESS_GLOBALS \
                 and frame.f_code in self.policy.codes:
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             self.refuse(f"{frame.f_globals.get('__name__', '')}.{name}")
@@ -296,7 +297,7 @@ class OpRecorder(TorchDispatchMode):
         if elements > entry[0]:                 # new, or grown in place
             self.live += elements - entry[0]
             entry[0] = elements
-        key = id(t)
+        key = identity(t)
         if key in self._tensors:
             return
         try:
@@ -377,7 +378,7 @@ def _hashable(value) -> bool:
 
 _warm = False
 _HARNESS_GLOBALS: frozenset[int] = frozenset()
-"""id() of the namespace of every llmcheck module (taken at the first recorder): code running
+"""identity() of the namespace of every llmcheck module (taken at the first recorder): code running
 in one of them is the harness's, never a forbidden callable."""
 
 
@@ -394,8 +395,8 @@ def warm_up() -> None:
                       if (getattr(module, "__file__", None) or "").startswith(package)]
         # a sealed harness's functions run over private copies of these (llmcheck/seal.py)
         _HARNESS_GLOBALS = frozenset(
-            {id(namespace) for namespace in namespaces}
-            | {id(value.__globals__) for namespace in namespaces
+            {identity(namespace) for namespace in namespaces}
+            | {identity(value.__globals__) for namespace in namespaces
                for value in list(namespace.values()) if isinstance(value, types.FunctionType)})
         with OpRecorder():
             torch.ones(2).softmax(-1) @ torch.ones(2)

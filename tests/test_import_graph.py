@@ -193,7 +193,7 @@ class's grade, authoring); the commands, the hub, the benchmarks and the install
 ``course.figures`` and ``course.bench`` are units."""
 
 LLMCHECK_LAYERS = {
-    "formats": ["record", "tree"],
+    "formats": ["identity", "record", "tree"],
     "kernel state": ["audit", "fresh", "integrity", "scope", "seal"],
     "op families and policies": ["families", "policy", "policies"],
     "recording": ["blocking", "recorder"],
