@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -76,6 +76,15 @@ class Policy:
     named: frozenset[str] = frozenset()
     functions: tuple[str, ...] = ()
     traced: bool = False
+    code_names: frozenset[str] = field(init=False, repr=False, compare=False,
+                                       default=frozenset())
+
+    def __post_init__(self):
+        # the names of the refused code objects: a code object equal to one of them has its name
+        # (CPython compares co_name first), so the recorder tests ``code.co_name in code_names``
+        # before ``code in codes``, which hashes the code's bytecode, constants and names each
+        # time, for every Python call of a recorded case
+        object.__setattr__(self, "code_names", frozenset(code.co_name for code in self.codes))
 
     @classmethod
     def of(cls, targets: Sequence, hint: str = "") -> "Policy":
@@ -203,7 +212,7 @@ def forbidden_frame(policy: Policy, frame, stop=None) -> str | None:
         if policy.traced and code.co_filename.startswith(TRACED_CODE):
             return "a graph traced before the call and replayed in it (torch.fx's generated code)"
         module = frame.f_globals.get("__name__", "") or ""
-        if code in policy.codes or (policy.words and (
+        if code.co_name in policy.code_names and code in policy.codes or (policy.words and (
                 is_library_name(module, code.co_name, policy.words) or
                 (code.co_filename.startswith(LLMCORE_DIR) and module not in EXEMPT_MODULES
                  and is_library_name("llmcore.copy", code.co_name, policy.words)))):

@@ -191,10 +191,11 @@ class OpRecorder(TorchDispatchMode):
         harness's own calls (its globals are llmcheck's) are passed over before ``f_code`` is
         read: that read is an audit event (llmcheck/audit.py), and the recorder's bookkeeping
         makes a dozen calls per op."""
-        if event == "call" and identity(frame.f_globals) not in _HARNESS_GLOBALS \
-                and frame.f_code in self.policy.codes:
-            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            self.refuse(f"{frame.f_globals.get('__name__', '')}.{name}")
+        if event == "call" and identity(frame.f_globals) not in _HARNESS_GLOBALS:
+            code = frame.f_code
+            if code.co_name in self.policy.code_names and code in self.policy.codes:
+                name = getattr(code, "co_qualname", code.co_name)
+                self.refuse(f"{frame.f_globals.get('__name__', '')}.{name}")
 
     def __enter__(self):
         if self.profile_hook is not None:

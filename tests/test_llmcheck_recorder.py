@@ -736,3 +736,27 @@ print(sorted(set(seen)))
     for name in ("_push_on_torch_dispatch_stack", "_pop_torch_dispatch_stack",
                  "_len_torch_dispatch_stack", "_get_dispatch_stack_at"):
         assert name in seen, seen
+
+
+def _forbidden_helper(x):
+    return x * 2
+
+
+def test_a_forbidden_callable_is_refused_through_an_equal_copy_of_its_code():
+    """The recorder checks a call's code by name first (Policy.code_names), then by equality:
+    a function rebuilt from a copy of the refused code (equal, not the same object) is refused
+    too, by the profile hook and by the frame walk of each op; another function is not."""
+    import types
+    policy = Policy.of((_forbidden_helper,))
+    assert policy.code_names == frozenset({"_forbidden_helper"})
+    copy = types.FunctionType(_forbidden_helper.__code__.replace(), globals(), "renamed")
+    assert copy.__code__ is not _forbidden_helper.__code__
+    x = torch.ones(3)
+    for fn in (_forbidden_helper, copy):
+        with OpRecorder(policy, exempt=storages_of(x)) as recorder:
+            with pytest.raises(NotAllowedError, match="_forbidden_helper"):
+                fn(x)                                 # its op's frame walk raises
+        assert recorder.violations and "_forbidden_helper" in recorder.violations[0], fn
+    with OpRecorder(policy, exempt=storages_of(x)) as recorder:
+        _set_column(x.clone().reshape(3, 1))
+    assert recorder.violations == []
