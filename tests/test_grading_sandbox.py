@@ -92,6 +92,24 @@ def test_every_writable_mount_is_sized_and_the_rest_is_read_only(tmp_path):
     assert remounts == ["/dev", "/"] and args.index("--remount-ro") > last_mount, args
 
 
+def test_the_kernels_share_of_the_cores_reaches_the_sandbox(tmp_path, monkeypatch):
+    """grade's workers set OMP_NUM_THREADS to each kernel's share of the cores (cores // workers,
+    at least 1) unless the grader's own environment sets it, and the sandbox, which clears the
+    environment, passes it on to the kernel."""
+    from course.grading.grade import kernel_threads, worker_environment
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert [kernel_threads(w) for w in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    env = worker_environment(workers=2)
+    assert env["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setattr(os, "environ", env)
+    args = sandbox.bwrap_command(tmp_path)
+    assert ["--setenv", "OMP_NUM_THREADS", "4"] == args[args.index("OMP_NUM_THREADS") - 1:
+                                                       args.index("OMP_NUM_THREADS") + 2]
+    monkeypatch.setattr(os, "environ", {**env, "OMP_NUM_THREADS": "3"})
+    assert worker_environment(workers=2)["OMP_NUM_THREADS"] == "3"      # the grader's choice
+
+
 def test_the_python_environment_is_bound_over_the_private_tmp(tmp_path, monkeypatch):
     """A checkout (and its .venv) under /tmp, as a fresh clone in CI may be: the environment must
     be mounted after the private /tmp, or the sandbox hides the kernel's own interpreter."""

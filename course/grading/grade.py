@@ -181,7 +181,7 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
                sorted((course / coursedir.source_directory / assignment).glob("*.ipynb"))]
     workers = _workers(options)
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(ForkServer(worker_environment())) \
+        server = stack.enter_context(ForkServer(worker_environment(workers=workers))) \
             if options.worker_start == "fork" else None
         with timed(f"the solutions' records, once per assignment, {workers} at a time (grader)"):
             solution_records(sources, config, verdict_cache, secret, server, workers, scratch)
@@ -195,7 +195,7 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
                                  profile=options.profile))
                 for i, (student, assignment) in enumerate(todo)]
         pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(workers))
-        running = [pool.submit(_run_worker, job, server) for job in jobs]
+        running = [pool.submit(_run_worker, job, server, workers) for job in jobs]
         for future in concurrent.futures.as_completed(running):
             yield future.result()
 
@@ -217,7 +217,7 @@ def solution_records(sources: list[tuple[str, Path]], config, cache: Path, secre
         job = scratch / "records" / f"{index}" / "records.pickle"
         job.parent.mkdir(parents=True)
         job.write_bytes(pickle.dumps((str(source), config, str(cache / assignment), secret)))
-        ended = server.run_job(job, worker_environment(), timeout=WORKER_TIMEOUT,
+        ended = server.run_job(job, worker_environment(workers=workers), timeout=WORKER_TIMEOUT,
                                target="course.grading.judging:records_job")
         error = job.with_name(job.name + RECORDS_ERROR)
         if error.is_file():
@@ -376,11 +376,12 @@ def _copy_plain_files(source: Path, target: Path) -> list[str]:
     return links
 
 
-def _run_worker(job: Job, server: ForkServer | None) -> tuple[Job, Outcome]:
-    """Grade ``job`` in a process of its own: forked by ``server``, or a new interpreter (also
-    where the server has stopped: it never takes the rest of the class with it)."""
+def _run_worker(job: Job, server: ForkServer | None, workers: int) -> tuple[Job, Outcome]:
+    """Grade ``job`` in a process of its own (one of ``workers`` at a time): forked by ``server``,
+    or a new interpreter (also where the server has stopped: it never takes the rest of the
+    class with it)."""
     started = time.perf_counter()
-    env = worker_environment(job)
+    env = worker_environment(job, workers)
     ended = server.run_job(job.job_file, env, timeout=WORKER_TIMEOUT) \
         if server is not None and server.alive \
         else spawn_job(job.job_file, env, timeout=WORKER_TIMEOUT)
@@ -399,12 +400,24 @@ def _run_worker(job: Job, server: ForkServer | None) -> tuple[Job, Outcome]:
     return job, outcome
 
 
-def worker_environment(job: Job | None = None) -> dict[str, str]:
-    """A worker's environment: the grader's, with the course importable (PYTHONPATH), and the
-    run's shared records and secret when there is a ``job``."""
+def kernel_threads(workers: int) -> int:
+    """torch's threads for each kernel when ``workers`` kernels run at once: the machine's cores
+    shared out, at least one each. With a thread per core in every kernel, two kernels on two
+    cores fight for them (OpenMP's threads wait spinning for work): on the 2-core machine the
+    test cells of 12 notebooks took 21-22 s on 2 workers with 2 threads per kernel, 16 s with
+    1 (the grading profile, one run each way, twice)."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def worker_environment(job: Job | None = None, workers: int = 1) -> dict[str, str]:
+    """A worker's environment: the grader's, with the course importable (PYTHONPATH), the
+    kernels' share of the cores (``OMP_NUM_THREADS``, :func:`kernel_threads`, unless the grader's
+    environment sets it; the sandbox passes it on), and the run's shared records and secret when
+    there is a ``job``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("OMP_NUM_THREADS", str(kernel_threads(workers)))
     if job is not None:
         env["COURSE_VERDICTS_CACHE"] = job.verdict_cache   # shared: no worker reruns a solution
         env[SECRET_ENV] = job.secret                       # the run's: workers judge alike
