@@ -172,13 +172,19 @@ class FastDecoder:
         x = self.embed(tokens, positions)                                       # (b, n, d)
         rotation = self.rotation(positions)
         start = cache.length
-        if cache.keys.shape[3] >= start + tokens.shape[1]:      # a ring draws its own band
-            mask = self.visible(mask, start, tokens.shape[1], tokens.device)
+        if not self.rolls(cache.keys.shape[3], start + tokens.shape[1]):   # a ring draws its
+            mask = self.visible(mask, start, tokens.shape[1], tokens.device)  # own band
         for layer, weights in enumerate(self.blocks):
             x = self.block(x, weights, cache.keys[layer], cache.values[layer], start, mask,
                            rotation)                                            # (b, n, d)
         cache.length = start + tokens.shape[1]
         return self.logits(x[:, -1])                                            # (b, v)
+
+    @staticmethod
+    def rolls(capacity: int, end: int) -> bool:
+        """Whether a cache of ``capacity`` rows that has seen ``end`` tokens is a ring of the last
+        window (FastStep's rolling cache for a sliding window): fewer rows than tokens."""
+        return capacity < end
 
     def visible(self, mask: Tensor | None, start: int, n: int,
                 device: torch.device) -> Tensor | None:
@@ -213,7 +219,7 @@ class FastDecoder:
         Chapter 7 (the fast path)."""
         n = q.shape[2]
         end = start + n
-        if keys.shape[2] < end:           # a ring of the last window (FastStep)
+        if self.rolls(keys.shape[2], end):
             return self.attend_rolling(q, k, v, keys, values, start)
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
