@@ -188,16 +188,18 @@ def _execute(nb, config, folder: str, on_cell: Callable | None = None, standby: 
     from .standby import StandbyKernelManager, leave
     saved = {name: os.environ.get(name) for name in ("NBGRADER_VALIDATING", "NBGRADER_EXECUTION")}
     os.environ.update(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate")
-    StandbyKernelManager.last_spec = None
+    # a class of this check's own: its last_spec is this check's kernel, whatever other checks
+    # of the process do
+    manager = type("CheckKernelManager", (StandbyKernelManager,), {}) if standby else None
     try:
         executor = ProfiledExecute(config=config, **(
-            {"kernel_manager_class": StandbyKernelManager} if standby else {}))
+            {"kernel_manager_class": manager} if manager is not None else {}))
         executor.on_cell = on_cell
         executed, _ = executor.preprocess(nb, {"metadata": {"path": folder}})
         return executed
     finally:
-        if standby and StandbyKernelManager.last_spec is not None:
-            leave(StandbyKernelManager.last_spec)
+        if manager is not None and manager.last_spec is not None:
+            leave(manager.last_spec)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -308,7 +308,8 @@ class StandbyKernelManager(SandboxedKernelManager):
     """The learner's check's kernel manager: it takes over a standby kernel made as its own
     would be (:func:`claim`) and starts one itself only when there is none. ``from_standby``
     says which happened; :attr:`last_spec` is the spec of the last sandboxed kernel a manager of
-    this process asked for (the check leaves a standby made that way)."""
+    the class asked for (the check leaves a standby made that way; each check makes a subclass
+    of its own, course/grading/check.py, so that two checks of one process never mix theirs)."""
 
     last_spec: ClassVar[Spec | None] = None
     from_standby = False
