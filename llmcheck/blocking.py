@@ -101,7 +101,8 @@ def blocked(recorder: Refuser) -> Iterator[dict]:
 
     found = _llmcore_functions(policy.words) if policy.words else []
     for module, attr, value in found:
-        originals[identity(value)] = (stand_in(f"{value.__module__}.{value.__qualname__}", value), attr)
+        originals[identity(value)] = (
+            stand_in(f"{value.__module__}.{value.__qualname__}", value), attr)
     if policy.numpy:
         for module, attr, value in _numpy_callables():
             if identity(value) not in originals:
@@ -110,7 +111,8 @@ def blocked(recorder: Refuser) -> Iterator[dict]:
         for attr in _CONVERSIONS:
             value = getattr(torch, attr, None)
             if value is not None:
-                originals[identity(value)] = (convert_checked(f"torch.{attr} of an array", value), attr)
+                originals[identity(value)] = (
+                    convert_checked(f"torch.{attr} of an array", value), attr)
                 found.append((torch, attr, value))
         for attr in ("numpy", "__array__"):
             value = getattr(torch.Tensor, attr)
