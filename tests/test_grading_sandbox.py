@@ -244,12 +244,32 @@ def test_the_learners_check_runs_unsandboxed_with_a_warning_where_bwrap_cannot_s
         in done.stderr, done.stderr
 
 
-async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int, **limits):
+@pytest.fixture(scope="module")
+def zygote():
+    """A zygote for this module's kernels (course/grading/sandbox/zygote.py)."""
+    if sandbox.sandbox_problem() is not None:
+        pytest.skip(f"no sandbox here: {sandbox.sandbox_problem()}")
+    from course.grading.sandbox.zygote import Zygote
+    with Zygote() as started:
+        yield started.socket_path
+
+
+@pytest.fixture(params=["fresh", "zygote"])
+def kernel_start(request) -> str:
+    """How the test's kernels start: each one fresh (""), or forked by the zygote (its socket).
+    The sandbox's guarantees must hold either way."""
+    return request.getfixturevalue("zygote") if request.param == "zygote" else ""
+
+
+async def _sandboxed_kernel(cwd: Path, *, notebook_timeout: int, zygote: str = "", **limits):
     """A started SandboxedKernelManager and its ready client; its events also go to
-    cwd/events.jsonl (as a grader's worker asks)."""
+    cwd/events.jsonl (as a grader's worker asks). zygote: the socket of the zygote to fork it
+    from ("": started fresh)."""
     km = sandbox.SandboxedKernelManager(kernel_name="python3", notebook_timeout=notebook_timeout,
-                                        events_file=str(cwd / "events.jsonl"), **limits)
+                                        events_file=str(cwd / "events.jsonl"), zygote=zygote,
+                                        **limits)
     await km.start_kernel(cwd=str(cwd))
+    assert km.from_zygote == bool(zygote), km.events
     kc = km.client()
     kc.start_channels()
     await kc.wait_for_ready(timeout=60)
@@ -280,7 +300,7 @@ async def _run_in_kernel(km, kc, code: str, timeout: float = 60) -> str:
 
 @needs_sandbox
 @pytest.mark.slow
-def test_a_sandboxed_kernel_sees_no_notebook_and_leaves_nothing(tmp_path):
+def test_a_sandboxed_kernel_sees_no_notebook_and_leaves_nothing(tmp_path, kernel_start):
     """The working folder is empty: the notebook nbgrader runs (hidden tests restored) is not in
     it, through /proc/self/cwd either."""
     folder = tmp_path / "work"
@@ -290,7 +310,7 @@ def test_a_sandboxed_kernel_sees_no_notebook_and_leaves_nothing(tmp_path):
     token = uuid.uuid4().hex
 
     async def run() -> str:
-        km, kc = await _sandboxed_kernel(folder, notebook_timeout=60)
+        km, kc = await _sandboxed_kernel(folder, notebook_timeout=60, zygote=kernel_start)
         code = ("import glob, os, subprocess, sys\n"
                 "root = %r\n"
                 "print(sorted(os.listdir('.')), os.getuid(),"
@@ -309,11 +329,11 @@ def test_a_sandboxed_kernel_sees_no_notebook_and_leaves_nothing(tmp_path):
 
 @needs_sandbox
 @pytest.mark.slow
-def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path):
+def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path, kernel_start):
     token = uuid.uuid4().hex
 
     async def run() -> bool:
-        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=8)
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=8, zygote=kernel_start)
         kc.execute("import signal, subprocess, sys\n"
                    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                    f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
@@ -347,7 +367,8 @@ while True:
 @needs_sandbox
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["cgroup", "watchdog"])
-def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypatch, how):
+def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypatch, how,
+                                                               kernel_start):
     """memfd files written without a map count in no rlimit: the cgroup (where this process
     may make one) or else the watchdog stops the sandbox, and says why."""
     if how == "cgroup" and not _can_make_a_cgroup():
@@ -357,7 +378,8 @@ def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypat
     shared = _meminfo("Shmem")
 
     async def run() -> list[dict]:
-        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60, memory_limit_mb=1024)
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60, memory_limit_mb=1024,
+                                         zygote=kernel_start)
         group = km._cgroup
         await _run_in_kernel(km, kc, MEMFD_HOARD, timeout=30)
         assert group is None or not group.path.exists(), "the kernel's cgroup outlived it"
@@ -374,14 +396,14 @@ def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypat
 
 @needs_sandbox
 @pytest.mark.slow
-def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(tmp_path):
+def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(tmp_path, kernel_start):
     flood = ("import os, sys\n"
              "folder = os.path.dirname(next(a for a in sys.argv if a.endswith('kernel.json')))\n"
              "for i in range(1000):\n"
              "    open(os.path.join(folder, f'f{i}'), 'wb').write(b'd' * 2**20)\n")
 
     async def run() -> tuple[Path, list[dict]]:
-        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60)
+        km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=60, zygote=kernel_start)
         folder = km._kernel_dir
         await _run_in_kernel(km, kc, flood, timeout=30)
         return folder, km.events

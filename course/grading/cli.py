@@ -91,6 +91,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m course.gra
     p.add_argument("--unsandboxed-trusted", action="store_true",
                    help="where the sandbox (bubblewrap) cannot start, run kernels without it: "
                         "ONLY for trusted submissions")
+    p.add_argument("--fresh-kernels", action="store_true",
+                   help="start each kernel from nothing instead of forking it from the run's "
+                        "zygote (the same sandbox, about a second slower per notebook; "
+                        "course/grading/sandbox/zygote.py)")
 
     p = commands.add_parser("scaffold", help="start a new graded exercise: write "
                                              "solutions/ASSIGNMENT/NOTEBOOK.ipynb from a small "
@@ -163,7 +167,7 @@ def _grade(args) -> int:
                 verbose=args.verbose, workers=args.workers,
                 notebook_timeout=args.notebook_timeout,
                 unsandboxed_trusted=args.unsandboxed_trusted, profile=args.profile,
-                progress=True)
+                progress=True, zygote=not args.fresh_kernels)
     rows = run.rows
     width = max([len(r.student) for r in rows] + [7])
     for r in rows:

@@ -66,6 +66,7 @@ class GradeOptions:
     progress: bool = False                       # a progress bar (course/grading/progress.py)
     profile: bool = False                        # time each phase (course/grading/profiling.py)
     worker_start: WorkerStart = "fork"           # each job's process: forked warm, or spawned
+    zygote: bool = True                          # fork the kernels from one warm sandbox
 
 
 @dataclass(frozen=True)
@@ -181,10 +182,12 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
                sorted((course / coursedir.source_directory / assignment).glob("*.ipynb"))]
     workers = _workers(options)
     with contextlib.ExitStack() as stack:
+        zygote = _start_zygote(stack, options, workers, trusted, say)
         server = stack.enter_context(ForkServer(worker_environment(workers=workers))) \
             if options.worker_start == "fork" else None
         with timed(f"the solutions' records, once per assignment, {workers} at a time (grader)"):
-            solution_records(sources, config, verdict_cache, secret, server, workers, scratch)
+            solution_records(sources, config, verdict_cache, secret, server, workers, scratch,
+                             zygote)
         say(f"grading {len(todo)} submission(s) with {workers} worker(s)")
         jobs = [_prepare_job(scratch / f"job{i}", coursedir, template, student, assignment,
                              Job(student, assignment, folder="", root="",
@@ -192,7 +195,7 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
                                  verdict_cache=str(verdict_cache), timeout=options.timeout,
                                  notebook_timeout=options.notebook_timeout,
                                  unsandboxed_trusted=trusted, feedback=options.feedback,
-                                 profile=options.profile))
+                                 profile=options.profile, zygote=zygote))
                 for i, (student, assignment) in enumerate(todo)]
         pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(workers))
         running = [pool.submit(_run_worker, job, server, workers) for job in jobs]
@@ -200,8 +203,27 @@ def run(todo: list[tuple[str, str]], config, coursedir, options: GradeOptions,
             yield future.result()
 
 
+def _start_zygote(stack: contextlib.ExitStack, options: GradeOptions, workers: int,
+                  trusted: bool, say: Callable[[str], None]) -> str:
+    """The socket of the run's zygote (course/grading/sandbox/zygote.py), stopped when the
+    run ends; "" when it is off, where kernels are not sandboxed, or where it cannot start
+    (then each kernel starts fresh, as it would without it)."""
+    from .sandbox import sandbox_problem
+    from .sandbox.zygote import Zygote, ZygoteUnavailable
+    if not options.zygote or sandbox_problem() is not None and trusted:
+        return ""
+    try:
+        zygote = Zygote(environ=worker_environment(workers=workers)).start()
+    except ZygoteUnavailable as error:
+        say(f"note: each kernel starts fresh ({error})")
+        return ""
+    stack.callback(zygote.stop)
+    return zygote.socket_path
+
+
 def solution_records(sources: list[tuple[str, Path]], config, cache: Path, secret: str,
-                     server: ForkServer | None, workers: int, scratch: Path) -> None:
+                     server: ForkServer | None, workers: int, scratch: Path,
+                     zygote: str = "") -> None:
     """Run each (assignment, solution notebook) once with its tests (the records every
     submission of the assignment is judged against: course/grading/judging.py) into
     ``cache/<assignment>``, where the workers look for them: ``workers`` at a
@@ -217,8 +239,8 @@ def solution_records(sources: list[tuple[str, Path]], config, cache: Path, secre
         job = scratch / "records" / f"{index}" / "records.pickle"
         job.parent.mkdir(parents=True)
         job.write_bytes(pickle.dumps((str(source), config, str(cache / assignment), secret)))
-        ended = server.run_job(job, worker_environment(workers=workers), timeout=WORKER_TIMEOUT,
-                               target="course.grading.judging:records_job")
+        ended = server.run_job(job, worker_environment(workers=workers, zygote=zygote),
+                               timeout=WORKER_TIMEOUT, target="course.grading.judging:records_job")
         error = job.with_name(job.name + RECORDS_ERROR)
         if error.is_file():
             raise RuntimeError(error.read_text())
@@ -409,15 +431,20 @@ def kernel_threads(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-def worker_environment(job: Job | None = None, workers: int = 1) -> dict[str, str]:
+def worker_environment(job: Job | None = None, workers: int = 1,
+                       zygote: str = "") -> dict[str, str]:
     """A worker's environment: the grader's, with the course importable (PYTHONPATH), the
     kernels' share of the cores (``OMP_NUM_THREADS``, :func:`kernel_threads`, unless the grader's
-    environment sets it; the sandbox passes it on), and the run's shared records and secret when
-    there is a ``job``."""
+    environment sets it; the sandbox passes it on), the run's zygote (``zygote``, or the
+    ``job``'s) and the run's shared records and secret when there is a ``job``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("OMP_NUM_THREADS", str(kernel_threads(workers)))
+    zygote = job.zygote if job is not None and job.zygote else zygote
+    if zygote:
+        from .sandbox.zygote import ZYGOTE_ENV
+        env[ZYGOTE_ENV] = zygote
     if job is not None:
         env["COURSE_VERDICTS_CACHE"] = job.verdict_cache   # shared: no worker reruns a solution
         env[SECRET_ENV] = job.secret                       # the run's: workers judge alike

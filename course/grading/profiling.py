@@ -27,6 +27,7 @@ from .executor import BoundedExecute
 
 KERNEL_START = "kernel start (sandbox, interpreter, preloaded imports)"
 KERNEL_FROM_STANDBY = "kernel taken from the standby (started after the last check)"
+KERNEL_FROM_ZYGOTE = "kernel forked from the run's zygote (sandbox, own namespaces)"
 LEARNER_CELLS = "the learner's cells"
 TEST_CELLS = "test cells (fresh-input twins included)"
 KERNEL_STOP = "kernel shutdown (sandbox removed)"
@@ -102,7 +103,9 @@ class ProfiledExecute(BoundedExecute):
     on_cell: Callable | None = None
 
     def _start_phase(self) -> str:
-        return KERNEL_FROM_STANDBY if getattr(self.km, "from_standby", False) else KERNEL_START
+        if getattr(self.km, "from_standby", False):
+            return KERNEL_FROM_STANDBY
+        return KERNEL_FROM_ZYGOTE if getattr(self.km, "from_zygote", False) else KERNEL_START
 
     async def async_start_new_kernel(self, **kwargs):
         start = time.perf_counter()

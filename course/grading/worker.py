@@ -51,6 +51,7 @@ class Job:
     feedback: bool = True
     links: tuple[str, ...] = field(default=())   # symbolic links left out of the submission
     profile: bool = False          # time the phases (course/grading/profiling.py)
+    zygote: str = ""               # the socket of the run's zygote (sandbox/zygote.py), if any
 
     @property
     def gradebook(self) -> Path:

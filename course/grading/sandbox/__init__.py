@@ -13,6 +13,9 @@ those above it in this list:
 - ``launcher``: the rlimits and the cgroup, entered before bwrap starts;
 - ``proc``: what the watchdog measures in /proc and in the connection folder;
 - ``watchdog``: the thread that stops a sandbox at its wall clock, memory or disk limit;
+- ``zygote``: the grade run's zygote, a warm sandbox that forks each kernel into namespaces of
+  its own (``zygote_server.py`` is its side, run inside it as a script);
+- ``client``: the kernel client, ready as soon as the kernel has answered;
 - ``manager``: :class:`SandboxedKernelManager`, which puts them together.
 
 Every name other modules use is importable from here (``from course.grading import sandbox``).
@@ -33,6 +36,7 @@ from .limits import (CGROUP_CACHE_MB, ENTRY_BYTES, KERNEL_DIR_MB, KERNEL_VIRTUAL
 from .manager import SandboxedKernelManager
 from .proc import folder_bytes, held_files, resident_bytes, sandbox_pids
 from .watchdog import Watchdog, kill_tree
+from .zygote import ZYGOTE_ENV, ForkedKernel, Zygote, ZygoteUnavailable, fork_kernel
 
 __all__ = [
     "CGROUP_CACHE_MB", "CGROUP_PREFIX", "ENTRY_BYTES", "ETC_FILES", "KERNEL_DIR_MB",

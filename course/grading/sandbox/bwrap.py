@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from .limits import SHM_MB, TMPFS_MB, MiB
 
@@ -95,15 +96,24 @@ def python_dirs() -> list[str]:
     return sorted(d for d in dirs if d and os.path.isdir(d))
 
 
-def bwrap_command(kernel_dir: Path) -> list[str]:
+def bwrap_command(kernel_dir: Path, *, caps: tuple[str, ...] = (),
+                  files: dict[str, str] | None = None, uid: int = SANDBOX_UID,
+                  environ: Mapping[str, str] | None = None) -> list[str]:
     """The bwrap arguments (up to and including ``--``) of one kernel's sandbox.
 
     kernel_dir: the folder of the kernel's connection file and ipc sockets (bound read-write,
     at the same path). The working directory is empty; every writable mount is a sized tmpfs
-    but that folder, and the root and /dev are remounted read-only last."""
+    but that folder, and the root and /dev are remounted read-only last. caps: capabilities
+    kept inside the sandbox's own user namespace (the zygote's, ``zygote.py``; a kernel keeps
+    none); files: host files bound read-only at the given paths; uid: the user (and group) it
+    runs as (the zygote's is 0, in its own user namespace: each kernel it forks is
+    ``SANDBOX_UID`` again); environ: where the variables it passes on (``PASSED_ENV``) are
+    read (default: this process's environment)."""
     args = [shutil.which(bwrap_program()) or bwrap_program(), "--unshare-all", "--die-with-parent",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--uid", str(uid), "--gid", str(uid),
             "--hostname", "sandbox", "--clearenv"]
+    for cap in caps:
+        args += ["--cap-add", cap]
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
@@ -119,6 +129,8 @@ def bwrap_command(kernel_dir: Path) -> list[str]:
             args += ["--ro-bind", folder, folder]
     for package in KERNEL_PACKAGES:
         args += ["--ro-bind", str(package_dir(package)), f"{SANDBOX_COURSE}/{package}"]
+    for source, target in (files or {}).items():
+        args += ["--ro-bind", source, target]
     args += ["--proc", "/proc", "--dev", "/dev", *sized_tmpfs("/dev/shm", SHM_MB),
              "--ro-bind-try", "/sys", "/sys",
              "--dir", SANDBOX_WORK, "--dir", f"{SANDBOX_HOME}/.ipython",
@@ -130,7 +142,8 @@ def bwrap_command(kernel_dir: Path) -> list[str]:
            "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
            "PYTHONPATH": SANDBOX_COURSE, "MPLCONFIGDIR": "/tmp/matplotlib",
            "PYTHONDONTWRITEBYTECODE": "1", "USER": "learner"}
-    env |= {name: os.environ[name] for name in PASSED_ENV if name in os.environ}
+    environ = os.environ if environ is None else environ
+    env |= {name: environ[name] for name in PASSED_ENV if name in environ}
     for name, value in env.items():
         args += ["--setenv", name, value]
     return args + ["--"]

@@ -45,10 +45,16 @@ def limit_command(memory_limit_mb: int, log: logging.Logger | None = None, *,
         if memory_limit_mb > 0:
             (log or logging.getLogger(__name__)).warning(NO_MEMORY_LIMIT)
         return []
+    procs = str(cgroup.procs) if cgroup is not None else ""
+    return [sys.executable, "-c", _LAUNCHER.format(procs=procs, limits=rlimits(memory_limit_mb))]
+
+
+def rlimits(memory_limit_mb: int) -> dict[str, int]:
+    """The rlimits of a kernel allowed memory_limit_mb (0: no memory limit), by name: the
+    launcher's, and those a kernel forked by the zygote sets (``zygote.py``)."""
     limits = {"RLIMIT_FSIZE": MAX_FILE_MB * MiB}
     if memory_limit_mb > 0 and sys.platform.startswith("linux"):
         limits["RLIMIT_AS"] = address_space_mb(memory_limit_mb) * MiB
     elif memory_limit_mb > 0:
         limits["RLIMIT_DATA"] = memory_limit_mb * MiB
-    procs = str(cgroup.procs) if cgroup is not None else ""
-    return [sys.executable, "-c", _LAUNCHER.format(procs=procs, limits=limits)]
+    return limits

@@ -17,17 +17,26 @@ import tempfile
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Bool, Integer, List, Unicode, default
+from traitlets import Bool, DottedObjectName, Integer, List, Unicode, default
 
 from .bwrap import SandboxUnavailable, bwrap_command, sandbox_problem
 from .cgroup import MemoryCgroup
-from .launcher import limit_command
+from .client import ReadyKernelClient
+from .launcher import limit_command, rlimits
 from .limits import CGROUP_CACHE_MB, address_space_mb
 from .watchdog import Watchdog, kill_tree
+from .zygote import ZYGOTE_ENV, ForkedKernel, ZygoteUnavailable, fork_kernel
 
 
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager that runs its kernel in a bubblewrap sandbox (see the package's doc)."""
+
+    # ready once the kernel has answered (client.py), not after 0.2 s of silence on IOPub
+    client_class = DottedObjectName("course.grading.sandbox.client.ReadyKernelClient")
+
+    @default("client_factory")
+    def _default_client_factory(self):
+        return ReadyKernelClient
 
     memory_limit_mb = Integer(
         2048, help="Memory the kernel's sandbox may hold, in MiB (all its processes, memfd and "
@@ -48,6 +57,18 @@ class SandboxedKernelManager(AsyncKernelManager):
         "", help="A file to append each kernel's events to, one JSON object per line (the "
                  "grader's worker sets it in its job's folder and reads it back); unset, the "
                  "events stay on the kernel manager (events).").tag(config=True)
+    zygote = Unicode(
+        help="The socket of a zygote (course/grading/sandbox/zygote.py) to fork sandboxed "
+             "kernels from instead of starting each one; default: $COURSE_GRADE_ZYGOTE (the "
+             "grade run's), else none. Where it cannot fork, kernels start as usual."
+    ).tag(config=True)
+    from_zygote = Bool(False, help="Whether the last kernel was forked by the zygote (read "
+                                   "by the grader's profile); not configurable.")
+
+    @default("zygote")
+    def _default_zygote(self):
+        return os.environ.get(ZYGOTE_ENV, "")
+
     sandbox = Unicode(
         "autograde", help="When a kernel must run in the sandbox: 'autograde' (default): when "
                           "nbgrader autogrades (NBGRADER_EXECUTION=autograde), else only if bwrap "
@@ -87,7 +108,9 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     async def _async_pre_start_kernel(self, **kw):
         self._sandboxed = self._use_sandbox()
-        self._kernel_dir = Path(tempfile.mkdtemp(prefix="k", dir="/tmp"))
+        self.from_zygote = self._sandboxed and self._zygote_can_fork()
+        folder = os.path.dirname(self.zygote) if self.from_zygote else "/tmp"
+        self._kernel_dir = Path(tempfile.mkdtemp(prefix="k", dir=folder))
         os.chmod(self._kernel_dir, 0o700)
         self.connection_file = str(self._kernel_dir / "kernel.json")
         self.ip = str(self._kernel_dir / "kernel-ipc")
@@ -103,21 +126,58 @@ class SandboxedKernelManager(AsyncKernelManager):
             self.ip = "127.0.0.1"
         return await super()._async_pre_start_kernel(**kw)
 
+    def _zygote_can_fork(self) -> bool:
+        """A zygote is set, is there, and the kernel is ipykernel's (what it forks)."""
+        argv = list(self.kernel_spec.argv) if self.kernel_spec else []
+        return bool(self.zygote) and os.path.exists(self.zygote) \
+            and argv[1:3] == ["-m", "ipykernel_launcher"]
+
     def format_kernel_cmd(self, extra_arguments=None):
         # parent_handle=1: no parent poller (the sandbox has its own pid 1) and no console banner.
         cmd = super().format_kernel_cmd([*(extra_arguments or []),
                                          "--IPKernelApp.parent_handle=1"])
+        return cmd if self.from_zygote else self._walled(cmd)   # the zygote walls its own
+
+    def _walled(self, cmd: list[str]) -> list[str]:
+        """The kernel's command in its sandbox (where there is one), under the launcher."""
         if self._sandboxed:
             cmd = bwrap_command(self._kernel_dir) + cmd
         return limit_command(self.memory_limit_mb, self.log, cgroup=self._cgroup) + cmd
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
+        if self.from_zygote:
+            try:
+                self._fork_from_zygote(kernel_cmd)
+                return
+            except ZygoteUnavailable as error:   # the kernel starts as usual instead
+                self.log.warning("%s; starting the kernel without it", error)
+                self._record({"kind": "zygote-refused", "reason": str(error)})
+                self.from_zygote = False
+                kernel_cmd = self._walled(kernel_cmd)
         if self._sandboxed:
             kw.pop("cwd", None)                  # bwrap --chdir sets it inside the sandbox
             env = {k: v for k, v in (kw.get("env") or os.environ).items()
                    if k in ("PATH", "LANG", "LC_ALL")}
             kw["env"] = env
         await super()._async_launch_kernel(kernel_cmd, **kw)
+        self._start_watchdog()
+
+    def _fork_from_zygote(self, kernel_cmd: list[str]) -> None:
+        """The kernel forked by the zygote (``zygote.py``) and entered in its cgroup before it
+        starts; jupyter_client sees it as the provisioner's process."""
+        argv = kernel_cmd[kernel_cmd.index("ipykernel_launcher") + 1:]
+        forked = fork_kernel(self.zygote, self._kernel_dir, argv, rlimits(self.memory_limit_mb))
+        try:
+            if self._cgroup is not None:
+                self._cgroup.procs.write_text(str(forked.pid))
+            forked.go()
+        except BaseException:
+            forked.close()
+            raise
+        self._forked = forked
+        provisioner = self.provisioner
+        provisioner.process, provisioner.pid, provisioner.pgid = forked, forked.pid, forked.pid
+        self._reconcile_connection_info(provisioner.connection_info)
         self._start_watchdog()
 
     def _start_watchdog(self) -> None:
@@ -151,6 +211,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         process = getattr(self.provisioner, "process", None) if self.provisioner else None
         if process is not None and process.poll() is None:
             kill_tree(process.pid)
+        forked = getattr(self, "_forked", None)
+        if forked is not None:
+            forked.close()
+            self._forked = None
         watchdog = getattr(self, "_watchdog", None)
         if watchdog is not None:
             watchdog.finish()
