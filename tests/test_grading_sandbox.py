@@ -336,7 +336,8 @@ def test_the_wall_clock_kills_a_kernel_that_ignores_sigint(tmp_path, kernel_star
         km, kc = await _sandboxed_kernel(tmp_path, notebook_timeout=8, zygote=kernel_start)
         kc.execute("import signal, subprocess, sys\n"
                    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)',"
+                   f" {token!r}])\n"
                    "while True:\n    pass\n")
         await asyncio.sleep(2)
         await km.interrupt_kernel()
@@ -396,7 +397,8 @@ def test_a_kernel_past_its_memory_is_stopped_with_its_reason(tmp_path, monkeypat
 
 @needs_sandbox
 @pytest.mark.slow
-def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(tmp_path, kernel_start):
+def test_a_kernel_that_floods_its_connection_folder_is_stopped_with_its_reason(tmp_path,
+                                                                              kernel_start):
     flood = ("import os, sys\n"
              "folder = os.path.dirname(next(a for a in sys.argv if a.endswith('kernel.json')))\n"
              "for i in range(1000):\n"
