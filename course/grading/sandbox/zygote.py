@@ -15,7 +15,8 @@ walls the kernel off again before any of the notebook's code runs:
   in its own user namespace only) and ``no_new_privs``;
 - the kernel's memory cgroup entered before it starts (the grader writes the forked process's
   pid, read from the socket's credentials) and the same rlimits as a fresh kernel;
-- the random state a fresh interpreter draws (Python's and NumPy's) drawn again in each kernel.
+- the random state a fresh interpreter draws (Python's, NumPy's and torch's) drawn again in
+  each kernel.
 
 Nothing of another notebook is in the zygote: it has run no notebook's code (it refuses to
 start if its imports started a thread, since a fork of a threaded process is not a fresh
@@ -224,7 +225,7 @@ def fork_kernel(socket_path: str, kernel_dir: Path, argv: list[str], rlimits: di
     connection.settimeout(FORK_S)
     try:
         connection.connect(socket_path)
-        request = {"root": str(kernel_dir.parent), "kernel_dir": str(kernel_dir),
+        request = {"kernel_dir": str(kernel_dir),
                    "argv": list(argv), "rlimits": rlimits, "cwd": SANDBOX_WORK,
                    "uid": SANDBOX_UID,
                    "home": SANDBOX_HOME, "home_dirs": [SANDBOX_WORK, f"{SANDBOX_HOME}/.ipython"],
@@ -243,11 +244,11 @@ def fork_kernel(socket_path: str, kernel_dir: Path, argv: list[str], rlimits: di
 def _hello(connection: socket.socket) -> int:
     """The supervisor's pid as this process sees it: from the credentials the kernel attaches
     to its hello (what it claims inside its own pid namespace means nothing here)."""
-    size = socket.CMSG_SPACE(struct.calcsize("3i"))
-    data, ancillary, _, _ = connection.recvmsg(4096, size)
+    credentials = struct.calcsize("3i")           # pid, uid, gid
+    data, ancillary, _, _ = connection.recvmsg(4096, socket.CMSG_SPACE(credentials))
     for level, kind, value in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid, _, _ = struct.unpack("3i", value[:struct.calcsize("3i")])
+            pid, _, _ = struct.unpack("3i", value[:credentials])
             reply = json.loads(data.split(b"\n", 1)[0] or b"{}")
             if "hello" not in reply:
                 raise ValueError(f"the zygote answered {reply}")

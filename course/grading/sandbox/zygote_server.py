@@ -98,11 +98,8 @@ def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += list(memoryview(data).cast("i"))
-    while not message.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise EOFError("the grader closed the connection mid-request")
-        message += chunk
+    if not message.endswith(b"\n"):
+        message += _read_line(conn)
     return json.loads(message), fds
 
 
@@ -125,8 +122,7 @@ def _private_view(request: dict, root: str) -> None:
     _tmpfs(home, request["tmp_bytes"])
     for point, fd in kept.items():
         os.makedirs(point, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", point, None, MS_BIND | MS_REC)
-        _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _bind_read_only(f"/proc/self/fd/{fd}", point)
         os.close(fd)
     os.makedirs(kernel_dir)
     _mount(f"/proc/self/fd/{own}", kernel_dir, None, MS_BIND)
@@ -136,12 +132,22 @@ def _private_view(request: dict, root: str) -> None:
     _tmpfs("/dev/shm", request["shm_bytes"])
 
 
+def _bind_read_only(source: str, target: str) -> None:
+    """``source`` (and the mounts below it) bound at ``target``, read-only."""
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _mount_points() -> list[str]:
+    """This process's mount points, shortest first."""
+    with open("/proc/self/mountinfo") as f:
+        return sorted({_unescape(line.split()[4]) for line in f}, key=len)
+
+
 def _mounts_under(tops: tuple[str, ...], leave: str) -> list[str]:
     """The outermost mount points below any of ``tops`` but ``leave`` (and what is below it)."""
-    with open("/proc/self/mountinfo") as f:
-        points = sorted({_unescape(line.split()[4]) for line in f}, key=len)
     found: list[str] = []
-    for point in points:
+    for point in _mount_points():
         inside = any(point.startswith(top + "/") for top in tops)
         covered = any(point == other or point.startswith(other + "/")
                       for other in [*found, leave])
@@ -187,8 +193,7 @@ def _be_init(request: dict, stdio: list[int], alive_fd: int) -> None:
     for name in PROC_COVERED:
         path = f"/proc/{name}"
         if os.path.exists(path):
-            _mount(path, path, None, MS_BIND | MS_REC)
-            _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            _bind_read_only(path, path)
     _own_user(request["uid"])
     _drop_capabilities()
     init_gone, init_holds = os.pipe()
@@ -274,9 +279,7 @@ def _supervise(conn: socket.socket, root: str) -> None:
 def _uncover_proc() -> None:
     """Remove the read-only covers bwrap put on parts of the zygote's /proc: a /proc with
     mounts on it cannot be mounted again in a new namespace (the kernel re-covers its own)."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    for point in sorted(points, key=len, reverse=True):
+    for point in reversed(_mount_points()):
         if point.startswith("/proc/"):
             _check(_libc.umount2(os.fsencode(point), MNT_DETACH), f"umount {point}")
 
