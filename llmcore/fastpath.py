@@ -30,6 +30,7 @@ the same logits and the same tokens. Chapter 7 (the fast path).
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import torch
@@ -38,8 +39,8 @@ from torch import Tensor
 
 from .layout import check_attention_mask
 from .llama import Llama
-from .lowbit import (bytes_of, format_of, pack, packed_linear, packed_linear_available,
-                     plain_linear)
+from .lowbit import (Format, bytes_of, dense, format_of, pack, packed_linear,
+                     packed_linear_available, plain_linear)
 from .masks import causal_mask, sliding_window_mask
 from .model import GPT
 from .quantize import round_weight
@@ -65,21 +66,28 @@ class StaticCache:
 
 
 PACK_ONE_ROW_ABOVE_BYTES = 32 * 2**20
-"""Weights larger than this (each storage once) take oneDNN's packed product even for one row.
+"""Weights larger than this (each storage once) may take oneDNN's packed product even for one
+row: which one-row kernel streams them faster is measured (:meth:`FastDecoder.measure_one_row`).
 
 A decode step of such a model reads its weights from memory, not from the CPU's last-level
-cache (a common size, and this course machine's: 32 MiB), and oneDNN's packed layout reads them
-faster than ``addmm`` (GPT-2 small, one row: about 22 ms against 28.5 ms on the course's 2-core
-machine); a model that stays in the cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays
-less per call with plain ``addmm``. A measured rule with a named threshold, not a probe of the
-machine: ``fast_model(model, pack=True)`` or ``pack=False`` chooses for another CPU."""
+cache (a common size, and this course machine's: 32 MiB). Which kernel reads them faster
+depends on the CPU: oneDNN's packed layout on the course's earlier machines (GPT-2 small, one
+row: about 22 ms against 28.5 ms with ``addmm``), ``addmm`` (Intel's MKL) on an Intel Xeon with
+AMX (GPT-2 small's float32 step: 17 ms against 21-23 ms packed). A model that stays in the
+cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays less per call with plain ``addmm`` and
+is not measured. ``fast_model(model, pack=True)`` or ``pack=False`` chooses explicitly."""
+
+ONE_ROW_ROUNDS = 3
+"""Passes of each one-row kernel over a model's block matrices when the fast path measures
+which one to keep (:meth:`FastDecoder.measure_one_row`); the best pass of each counts."""
 
 
-def streams_from_memory(model, threshold: int = PACK_ONE_ROW_ABOVE_BYTES) -> bool:
+def streams_from_memory(model, threshold: int | None = None) -> bool:
     """Whether ``model``'s parameters (each storage once: a tied embedding and head are one
-    matrix) are more than ``threshold`` bytes, so that a decode step streams them from memory
-    (:data:`PACK_ONE_ROW_ABOVE_BYTES`). Chapter 7 (the fast path)."""
-    return storage_bytes(model.parameters()) > threshold
+    matrix) are more than ``threshold`` bytes (default :data:`PACK_ONE_ROW_ABOVE_BYTES`), so
+    that a decode step streams them from memory. Chapter 7 (the fast path)."""
+    limit = PACK_ONE_ROW_ABOVE_BYTES if threshold is None else threshold
+    return storage_bytes(model.parameters()) > limit
 
 
 class FastDecoder:
@@ -93,9 +101,11 @@ class FastDecoder:
     copy), so the fast path sees the model's current parameters; from 2 rows on, a CPU float32
     model's products run on oneDNN's prepacked copies of each block's matrices (``w_*``) and of
     the output projection (``self.head``), made here (build a new one after changing the model,
-    as ``generate(..., fast=True)`` does on every call); so do one row's when the weights are
-    larger than a CPU's cache (:func:`streams_from_memory`); otherwise one row runs the plain
-    ``addmm``, which costs less per call. ``pack`` (True or False) overrides that rule; packing
+    as ``generate(..., fast=True)`` does on every call); for one row, when the weights are
+    larger than a CPU's cache (:func:`streams_from_memory`), whichever of the two forms this
+    CPU streams faster, measured on the model's own matrices (:meth:`measure_one_row`;
+    ``kernel`` says which); otherwise one row runs the plain ``addmm`` (bfloat16: packed),
+    which costs less per call. ``pack`` (True or False) overrides that rule; packing
     needs oneDNN and is never used with ``compile`` or an integer format. "bf16", "int8",
     "w8a8", "int4": this object holds its own copies of the matrices in that format (its row
     of :data:`llmcore.lowbit.FORMATS` for this batch size, :func:`llmcore.lowbit.format_of`:
@@ -110,34 +120,133 @@ class FastDecoder:
 
     def __init__(self, model, *, compile: bool = False, batch_size: int = 1,
                  precision: str | None = None, pack: bool | None = None):
-        # its row of the formats' table, for this batch size (the kernel per batch size)
-        self.format = format_of(precision, model.device, batch_size)
-        self.head_format = (self.format if self.format.head is None
-                            else format_of(self.format.head, model.device, batch_size))
         c = model.config
         self.model, self.config, self.precision = model, c, precision
         self.h, self.h_kv, self.d_head = c.n_heads, c.kv_heads, c.d_head
         self.group = c.n_heads // c.kv_heads
         self.window = getattr(c, "sliding_window", None)      # Mistral's; None: every key
-        self.dtype = self.format.dtype or model.dtype
+        self.batch_size = batch_size
+        self.one_row_seconds: dict[str, float] = {}     # filled when measured
+        # its row of the formats' table, for this batch size (the kernel per batch size)
+        fmt = format_of(precision, model.device, batch_size)
+        with torch.inference_mode(False):       # normal tensors, usable in any mode
+            forms = ([] if compile or pack is not None or batch_size != 1
+                     or model.device.type != "cpu" or not streams_from_memory(model)
+                     else self.one_row_forms(fmt))
+            if len(forms) > 1:
+                self.measure_one_row(forms)     # prepares each, keeps the fastest
+            else:
+                self.use_format(fmt)
+                can_pack = (not compile and fmt.prepare is None
+                            and packed_linear_available(model.device, self.dtype))
+                if can_pack and pack is None:
+                    pack = batch_size >= 2 or self.dtype == torch.bfloat16
+                self.prepare_weights(can_pack and bool(pack))
+        self.block = torch.compile(self._block, dynamic=True) if compile else self._block
+
+    def use_format(self, fmt: Format) -> None:
+        """Take ``fmt`` (a row of :data:`llmcore.lowbit.FORMATS`, or its dense form) and what
+        follows from it: the head's format, the activations' ``dtype``, the residual stream's
+        ``stream_dtype``, and whether the model's own tensors serve (``own``)."""
+        device = self.model.device
+        self.format = fmt
+        if fmt.head is None:
+            self.head_format = fmt
+        elif fmt.rounding is not None:           # a dense form's head is dense too
+            self.head_format = dense(fmt.head, fmt.dtype)
+        else:
+            self.head_format = format_of(fmt.head, device, self.batch_size)
+        self.dtype = fmt.dtype or self.model.dtype
         low = self.dtype in (torch.bfloat16, torch.float16)
         self.stream_dtype = torch.float32 if low else self.dtype
-        self.own = self.format.own and self.dtype == model.dtype
-        can_pack = (not compile and self.format.prepare is None
-                    and packed_linear_available(model.device, self.dtype))
-        if can_pack and pack is None:
-            pack = batch_size >= 2 or self.dtype == torch.bfloat16 or streams_from_memory(model)
-        self.packed = can_pack and bool(pack)
-        plain = packed_linear if self.packed else plain_linear
+        self.own = fmt.own and self.dtype == self.model.dtype
+
+    def prepare_weights(self, packed: bool) -> None:
+        """Prepare every block's weights and the head for this precision, packed for oneDNN
+        or not, and the products that read them (``linear``, ``head_linear``)."""
+        self.packed = packed
+        plain = packed_linear if packed else plain_linear
         self.linear = self.format.linear or plain
         self.head_linear = self.head_format.linear or plain
-        self.batch_size = batch_size
-        with torch.inference_mode(False):       # normal tensors, usable in any mode
-            self.blocks = [self.prepare_block(self.block_weights(block))
-                           for block in model.blocks]
-            self.head = (None if self.own and not self.packed
-                         else self.prepare_matrix(self.head_matrix(), head=True))
-        self.block = torch.compile(self._block, dynamic=True) if compile else self._block
+        self.blocks = [self.prepare_block(self.block_weights(block))
+                       for block in self.model.blocks]
+        self.head = (None if self.own and not packed
+                     else self.prepare_matrix(self.head_matrix(), head=True))
+
+    def one_row_forms(self, fmt: Format) -> list[tuple[Format, bool]]:
+        """The (format, packed) forms one row of this model may take on this machine: the
+        precision's own format and, for a weight-only precision on the CPU, its dense form
+        (:func:`llmcore.lowbit.dense`: the same rounded weights in float32, float32's kernels);
+        each floating-point format plain (``addmm``) and, where oneDNN runs it, packed."""
+        device = self.model.device
+        formats = [fmt]
+        if device.type == "cpu" and fmt.dense_from is not None:
+            formats.append(dense(self.precision))
+        forms = []
+        for each in formats:
+            forms.append((each, False))
+            if each.prepare is None and packed_linear_available(
+                    device, each.dtype or self.model.dtype):
+                forms.append((each, True))
+        return forms
+
+    def form_name(self, fmt: Format, packed: bool) -> str:
+        """One (format, packed) form in a few words, for ``one_row_seconds`` and ``kernel``."""
+        if fmt.prepare is not None:
+            return fmt.kernel
+        dtype = str(fmt.dtype or self.model.dtype).removeprefix("torch.")
+        kernel = "oneDNN packed" if packed else "addmm"
+        rounded = f" on {fmt.rounding}-rounded weights" if fmt.rounding else ""
+        return f"{dtype} {kernel}{rounded}"
+
+    def measure_one_row(self, forms: list[tuple[Format, bool]],
+                        rounds: int = ONE_ROW_ROUNDS) -> None:
+        """Keep whichever of ``forms`` (:meth:`one_row_forms`) streams this model's block
+        matrices fastest for one row on this CPU (:data:`PACK_ONE_ROW_ABOVE_BYTES`). Each form
+        is prepared, each times ``rounds`` passes of one row (zeros, in its dtype) through
+        every block matrix, alternating, and all but the fastest are dropped;
+        ``one_row_seconds`` keeps each form's best pass. Serving engines tune their kernels on
+        the machine in the same way. Chapters 7 and 13."""
+        prepared = []
+        for fmt, packed in forms:
+            self.use_format(fmt)
+            self.prepare_weights(packed)
+            prepared.append(dict(vars(self)))
+        names = [name for name, _ in self.block_weights(self.model.blocks[0])._asdict().items()
+                 if name.startswith("w_")]
+        d_ins = [getattr(self.block_weights(self.model.blocks[0]), name).shape[0]
+                 for name in names]
+        best = [float("inf")] * len(forms)
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for i, state in enumerate(prepared):
+                    rows = {d: torch.zeros(1, d, dtype=state["dtype"], device=self.model.device)
+                            for d in set(d_ins)}
+                    linear = state["linear"]
+                    begin = time.perf_counter()
+                    for weights in state["blocks"]:
+                        for name, d_in in zip(names, d_ins):
+                            linear(rows[d_in], getattr(weights, name), None)
+                    best[i] = min(best[i], time.perf_counter() - begin)
+        fastest = min(range(len(forms)), key=best.__getitem__)
+        vars(self).update(prepared[fastest])
+        self.one_row_seconds = {self.form_name(*form): seconds
+                                for form, seconds in zip(forms, best)}
+
+    @property
+    def kernel(self) -> str:
+        """The product this object runs, in words: its format's kernel, which of
+        ``torch.addmm`` and oneDNN's packed product it kept for a floating-point format, and,
+        when it measured its one-row forms, their times."""
+        if self.format.prepare is not None or self.format.rounding is not None:
+            name = self.format.kernel
+        else:
+            name = "oneDNN's packed product" if self.packed else "torch.addmm"
+        if self.one_row_seconds:
+            times = ", ".join(f"{form} {seconds * 1e3:.1f} ms"
+                              for form, seconds in self.one_row_seconds.items())
+            name += f" (measured fastest for one row here, a pass: {times})"
+        return name
 
     def prepare_matrix(self, weight: Tensor, *, head: bool = False):
         """weight (d_in, d_out) as this object's linear (or head_linear) reads it: what its

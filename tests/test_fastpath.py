@@ -6,6 +6,8 @@ follows the model's device (CPU, CUDA where present, meta)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -204,10 +206,12 @@ def test_transformers_generates_the_same_tokens_from_the_same_weights(b, tmp_pat
     assert torch.equal(generate(model, prompt, 12, attention_mask=mask), want)
 
 
-def test_one_row_is_packed_when_the_weights_do_not_fit_in_a_cache():
+def test_one_row_measures_its_kernel_when_the_weights_do_not_fit_in_a_cache(monkeypatch):
     """A model larger than a CPU's last-level cache (:data:`PACK_ONE_ROW_ABOVE_BYTES`) streams
-    its weights from memory every step, and oneDNN's packed layout reads them faster even for
-    one row; one that fits keeps addmm; ``pack=`` chooses explicitly."""
+    its weights from memory every step, and which one-row product reads them faster depends on
+    the CPU: the fast path times both on the model's matrices and keeps the faster (here made
+    slower on purpose, each way in turn), and says so; one that fits keeps addmm unmeasured;
+    ``pack=`` chooses explicitly. Either form gives the teaching path's logits."""
     import llmcore.fastpath as fastpath
     from llmcore.storage import storage_bytes
     model = tiny("gpt", seed=7)
@@ -216,6 +220,32 @@ def test_one_row_is_packed_when_the_weights_do_not_fit_in_a_cache():
     weights = storage_bytes(model.parameters())
     assert fastpath.streams_from_memory(model, weights - 1)
     assert not fastpath.streams_from_memory(model, weights)
-    assert weights < fastpath.PACK_ONE_ROW_ABOVE_BYTES and not fast_model(model).packed
+    assert weights < fastpath.PACK_ONE_ROW_ABOVE_BYTES
+    small = fast_model(model)
+    assert not small.packed and not small.one_row_seconds and small.kernel == "torch.addmm"
     assert fast_model(model, pack=True).packed and not fast_model(model, batch_size=4,
                                                                    pack=False).packed
+    monkeypatch.setattr(fastpath, "PACK_ONE_ROW_ABOVE_BYTES", weights - 1)
+    prompt = token_ids(model.config, 1, 6)
+    positions = torch.arange(6).expand(1, 6)
+    with torch.inference_mode():
+        want = model(prompt)[:, -1]
+    for slow in ("plain_linear", "packed_linear"):
+        with monkeypatch.context() as patch:
+            product = getattr(fastpath, slow)
+
+            def delayed(x, w, b, product=product):
+                time.sleep(0.002)
+                return product(x, w, b)
+
+            patch.setattr(fastpath, slow, delayed)
+            fast = fast_model(model)
+        assert fast.packed == (slow == "plain_linear")
+        seconds = fast.one_row_seconds
+        kept, dropped = (("float32 oneDNN packed", "float32 addmm") if fast.packed
+                         else ("float32 addmm", "float32 oneDNN packed"))
+        assert seconds[kept] < seconds[dropped] and len(seconds) == 2
+        assert "measured fastest for one row here" in fast.kernel
+        with torch.inference_mode():
+            got = fast.step(prompt, positions, StaticCache(model, 1, 6), None)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
