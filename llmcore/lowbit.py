@@ -39,6 +39,7 @@ Chapter 13.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Callable, NamedTuple
 
@@ -124,8 +125,10 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
     return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
 
 
-W8A8_STEP = 2 / 127
-"""The step in which w8a8 rounds each activation row divided by its largest magnitude."""
+W8A8_STEP = 1 / 64
+"""The step in which w8a8 rounds each activation row divided by its largest magnitude: codes
+-64..64, the largest magnitude exactly on code 64 (never halfway between two codes, where a
+last-bit difference in computing x / (r step) could round either way)."""
 
 W8A8_ZERO = 64
 """The unsigned code of 0 in w8a8's activations: codes -64..64 travel as 0..128."""
@@ -200,15 +203,23 @@ def _w8a8_linear(x: Tensor, w: W8A8Linear, b: Tensor | None) -> Tensor:
 
     Each row is divided by its largest magnitude r (every row then in [-1, 1]) and handed to
     fbgemm's kernel with a fixed scale, :data:`W8A8_STEP`: it rounds x[i] / r[i] in steps of
-    2 / 127 to integer codes from -64 to 64 (sent unsigned, :data:`W8A8_ZERO` meaning 0),
+    1 / 64 to integer codes from -64 to 64 (sent unsigned, :data:`W8A8_ZERO` meaning 0),
     multiplies them by the weight's int8 codes with integer sums, and returns the float32
     product scaled by the step and each column's scale; times r[i], row i is x[i] W. Each row
     is rounded on its own, so a row's product never depends on the rest of its batch (fbgemm's
     dynamic kernel, ``linear_dynamic``, would round the whole input with one scale from its
     min and max). About 7 bits per activation, as PyTorch's dynamic quantization keeps
     (``reduce_range``, so that CPUs without VNNI cannot overflow their 16-bit pair sums:
-    2 x 128 x 127 < 2**15). Tested against that float64 model in
-    tests/test_fastpath_precision.py."""
+    2 x 128 x 127 < 2**15). One row (a decode step at batch 1) takes r step as the kernel's
+    scale instead: the same codes and integer sums, with no division before and no
+    multiplication after (two passes over the row fewer, on each of a model's products).
+    Tested against that float64 model in tests/test_fastpath_precision.py."""
+    if x.shape[0] == 1:
+        r = float(x.abs().max())
+        if 0 < r < math.inf:                   # else (zeros, inf, nan): as every batch
+            out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
+                x, W8A8_STEP * r, W8A8_ZERO, w.packed)                         # (1, d_out)
+            return out if b is None else out.add_(b)
     r = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(x.dtype).tiny)  # (rows, 1)
     out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
         x / r, W8A8_STEP, W8A8_ZERO, w.packed)                                 # (rows, d_out)
