@@ -65,6 +65,8 @@ def test_reports_each_precision_against_fp32_and_its_own_bound(report):
             assert ratio(report, f"tiny batch {b}, fast {p} / fast fp32 tokens/s") > 0
     for p in fast.PRECISIONS:
         assert ratio(report, f"tiny {p} decode step time / its weight-read bound") > 0
+        assert re.search(rf"^ +{p}: weights .*; products \S+ \S+ of a profiled step of \S+ "
+                         r"\S+ \(5 a step, [\d.]+ GB/s\)", report, re.M)
         assert re.search(rf"^  batch  1 +{p}: fast +\d+ .* prepared once in \S+", report, re.M)
 
 
@@ -79,6 +81,17 @@ def test_precision_rows_count_fewer_bytes_for_fewer_bits():
         assert row["bound_tokens_per_second"] == pytest.approx(1e10 / row["weight_bytes"])
         assert row["step_over_bound"] == pytest.approx(
             row["bound_tokens_per_second"] / row["tokens_per_second"])
+
+
+def test_the_profile_finds_every_product_of_a_step_in_every_precision():
+    """Where a step's time goes: each precision's kernel is one of PRODUCT_OPS, found once per
+    matrix of the model (4 a block, and the head) per step, and the products take part of the
+    step's time."""
+    model = fast.GPT(fast.TINY)
+    rows = fast.precision_rows(model, 1e10, batch=1, context=4, sizes=fast.QUICK, split=True)
+    for row in rows:
+        assert row["products"] == 4 * fast.TINY.n_layers + 1, row["precision"]
+        assert 0 < row["product_seconds"] < row["profiled_step_seconds"], row["precision"]
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")

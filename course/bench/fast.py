@@ -23,6 +23,10 @@
 * the same table by precision on a Llama shape (:data:`LLAMA_GQA`: grouped-query attention,
   SwiGLU, RoPE), against transformers' ``LlamaForCausalLM`` of random weights in fp32, bf16 and
   ``quantize_dynamic`` int8, llmcore's model loaded from it (``llmcore.llama.from_hf``);
+* where a decode step's time goes, each precision: the step's matrix products alone
+  (``torch.profiler``), the rate at which they stream the weights, and, for each goal against
+  fp32, the most that precision could reach if every op but its products were free: the
+  profile behind a goal this CPU cannot reach;
 * the tied output projection of one token read as the embedding (v, d) and from the fast path's
   transposed (d, v) copy, and what the copy costs;
 * the fast path with and without ``torch.compile`` (4M model, batch 1);
@@ -158,7 +162,8 @@ FULL = Sizes(shapes=(("4M", MODEL_4M), ("GPT-2 small", GPT2_SMALL)), llama=LLAMA
 QUICK = Sizes(shapes=(("tiny", TINY),), llama=LLAMA_TINY, prompt=6, new_tokens=4,
               batches=(1, 3), repeats=1,
               bandwidth_mib=4, paged_lengths=(2, 30), paged_batch=4, block_size=4,
-              attention_heads=2, explicit_ns=(32,), tiled_n=64, compile_check=False, min_seconds=0.0)
+              attention_heads=2, explicit_ns=(32,), tiled_n=64, compile_check=False,
+              min_seconds=0.0)
 
 
 def memory_bandwidth(device: torch.device, mib: int) -> float:
@@ -262,10 +267,12 @@ def generation(out: TextIO, label: str, model: GPT, peer, sizes: Sizes,
                         at_least=FAST_VS_TRANSFORMERS_AT_LEAST, checked=checked)
 
 
-def decode_step_seconds(fast: FastDecoder, b: int, context: int, sizes: Sizes,
-                        capacity: int | None = None) -> float:
-    """One fast decode step at batch b after ``context`` cached tokens (best of 7), the cache
-    holding ``capacity`` rows (default: every token; a sliding window's W: the ring)."""
+def primed_step(fast: FastDecoder, b: int, context: int,
+                capacity: int | None = None) -> Callable[[], None]:
+    """One fast decode step at batch b after ``context`` cached tokens, as a function to call
+    again and again under ``torch.inference_mode`` (each call rewinds the cache to
+    ``context``), the cache holding ``capacity`` rows (default: every token; a sliding
+    window's W: the ring) and filled here."""
     model = fast.model
     cache = StaticCache(model, b, capacity or context + 1, dtype=fast.dtype)
     ids = torch.zeros(b, context + 1, dtype=torch.long, device=model.device)
@@ -273,10 +280,18 @@ def decode_step_seconds(fast: FastDecoder, b: int, context: int, sizes: Sizes,
     with torch.inference_mode():
         fast.step(ids[:, :context], positions[:, :context], cache, None)
 
-        def step():
-            cache.length = context
-            fast.step(ids[:, context:], positions[:, context:], cache, None)
+    def step():
+        cache.length = context
+        fast.step(ids[:, context:], positions[:, context:], cache, None)
 
+    return step
+
+
+def decode_step_seconds(fast: FastDecoder, b: int, context: int, sizes: Sizes,
+                        capacity: int | None = None) -> float:
+    """One fast decode step (:func:`primed_step`), best of 7."""
+    step = primed_step(fast, b, context, capacity)
+    with torch.inference_mode():
         return best_time(step, sizes=sizes)
 
 
@@ -404,12 +419,43 @@ def llama_and_peers(shape: dict, device: torch.device):
         f"API), prepared once in {format_seconds(quantizing)}")
 
 
+PRODUCT_OPS = frozenset({
+    "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "quantized::linear_with_input_q_dq_qweight_dq_output_fp32"})
+"""The profiler's names of the fast path's matrix products (one per precision's kernel; none
+calls another), whose time :func:`product_seconds` adds up."""
+
+PROFILED_STEPS = 5
+
+
+def product_seconds(fast: FastDecoder, b: int, context: int,
+                    steps: int = PROFILED_STEPS) -> tuple[float, float, float]:
+    """Where a decode step's time goes, under ``torch.profiler`` over ``steps`` steps after
+    ``context`` cached tokens: the seconds per step spent in the matrix products
+    (:data:`PRODUCT_OPS`, their total CPU time), the products per step, and the profiled
+    step's own seconds (the profiler adds its cost to every op)."""
+    from torch.profiler import ProfilerActivity, profile
+    step = primed_step(fast, b, context)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as profiled:
+        begin = time.perf_counter()
+        for _ in range(steps):
+            step()
+        seconds_a_step = (time.perf_counter() - begin) / steps
+    products = [e for e in profiled.key_averages() if e.key in PRODUCT_OPS]
+    seconds = sum(e.cpu_time_total for e in products) / 1e6 / steps
+    return seconds, sum(e.count for e in products) / steps, seconds_a_step
+
+
 def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch: int = 1,
-                   context: int = 16, sizes: Sizes = FULL) -> list[dict]:
+                   context: int = 16, sizes: Sizes = FULL, split: bool = False) -> list[dict]:
     """One decode step of the fast path in each precision at ``batch`` rows after
     ``context`` cached tokens, against its own weight-read bound: rows of {precision, weight
     bytes, step seconds, tokens/s, bound tokens/s (batch x bandwidth / weight bytes), step /
-    bound}. Chapter 13's speed table is made by this function."""
+    bound}, its kernel (``FastDecoder.kernel``) and, when it measured its one-row forms,
+    their seconds a pass (``one_row_seconds``); with ``split`` the step's seconds in its matrix
+    products, their count and the profiled step's seconds (:func:`product_seconds`). Chapter
+    13's speed table is made by this function."""
     rows = []
     for precision in precisions:
         fast = fast_model(model, batch_size=batch,
@@ -420,6 +466,11 @@ def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch
         rows.append({"precision": precision, "weight_bytes": read, "step_seconds": seconds,
                      "tokens_per_second": batch / seconds,
                      "bound_tokens_per_second": batch / bound, "step_over_bound": seconds / bound})
+        rows[-1]["kernel"] = fast.kernel
+        rows[-1]["one_row_seconds"] = dict(fast.one_row_seconds)
+        if split:
+            (rows[-1]["product_seconds"], rows[-1]["products"],
+             rows[-1]["profiled_step_seconds"]) = product_seconds(fast, batch, context)
         del fast
     return rows
 
@@ -444,7 +495,7 @@ def precision_generation(out: TextIO, label: str, model: GPT, peers: dict, sizes
             start = time.perf_counter()
             fast = prepared.get(model, precision=p, batch_size=b)
             preparing[p] = time.perf_counter() - start
-            kernels[p] = (f"{fast.format.kernel}, "  # its arithmetic at this batch size
+            kernels[p] = (f"{fast.kernel}, "  # its arithmetic at this batch size
                           f"{str(fast.dtype).removeprefix('torch.')} activations")
         runs = {f"fast {p}": (lambda p=p: generate(model, ids, new, attention_mask=mask,
                                                   fast=prepared, precision=p))
@@ -490,15 +541,39 @@ def precision_bounds(out: TextIO, label: str, model: GPT, bandwidth: float, size
                      checked: bool) -> None:
     """Each precision's decode step at batch 1 against its own weight-read bound."""
     out.write(f"\none fast decode step by precision, {label}, batch 1, {sizes.prompt} cached "
-              f"tokens, against its own weight-read bound (its weight bytes / bandwidth)\n")
-    for row in precision_rows(model, bandwidth, context=sizes.prompt, sizes=sizes):
+              f"tokens, against its own weight-read bound (its weight bytes / bandwidth); "
+              f"'products': the step's matrix products alone (torch.profiler, "
+              f"{PROFILED_STEPS} steps), the weights read at the rate they stream\n")
+    rows = precision_rows(model, bandwidth, context=sizes.prompt, sizes=sizes, split=True)
+    for row in rows:
         p = row["precision"]
+        products = row["product_seconds"]
         out.write(f"  {p:>5}: weights {row['weight_bytes'] / 2**20:8.1f} MiB, step "
                   f"{format_seconds(row['step_seconds'])}, bound "
-                  f"{format_seconds(row['step_seconds'] / row['step_over_bound'])}\n")
+                  f"{format_seconds(row['step_seconds'] / row['step_over_bound'])}; products "
+                  f"{format_seconds(products)} of a profiled step of "
+                  f"{format_seconds(row['profiled_step_seconds'])} ({row['products']:.0f} a "
+                  f"step, {row['weight_bytes'] / products / 1e9:.1f} GB/s)\n")
         goal = OWN_BOUND_AT_MOST if label == "GPT-2 small" and p in GOALS_FOR else None
         write_ratio(out, f"{label} {p} decode step time / its weight-read bound",
                     row["step_over_bound"], at_most=goal, checked=checked)
+    fp32 = rows[0]
+    for row in rows[1:]:          # what a goal against fp32 could reach with every other op free
+        p = row["precision"]
+        goal = VS_FP32_AT_LEAST.get((p, 1)) if label == "GPT-2 small" else None
+        if goal is None:
+            continue
+        write_ratio(out, f"{label} batch 1, fp32 step / {p}'s products alone (the most "
+                         f"{p} / fp32 can reach with every other op free; its goal is "
+                         f"{goal:g}x)", fp32["step_seconds"] / row["product_seconds"])
+        own = {form: seconds for form, seconds in row["one_row_seconds"].items()
+               if "-rounded weights" not in form}        # the precision's own arithmetic
+        if own and fp32["one_row_seconds"]:
+            form = min(own, key=own.get)
+            write_ratio(out, f"{label} batch 1, one pass of the block products, fp32's fastest "
+                             f"form / {p}'s fastest in its own arithmetic ({form}), as "
+                             f"measured when prepared",
+                        min(fp32["one_row_seconds"].values()) / own[form])
 
 
 def output_layout(out: TextIO, label: str, model: GPT, sizes: Sizes) -> None:
