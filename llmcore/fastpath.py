@@ -77,6 +77,16 @@ AMX (GPT-2 small's float32 step: 17 ms against 21-23 ms packed). A model that st
 cache (the 4M model: 0.77 ms plain, 1.0 ms packed) pays less per call with plain ``addmm`` and
 is not measured. ``fast_model(model, pack=True)`` or ``pack=False`` chooses explicitly."""
 
+DENSE_BF16_WHEN_CACHED = True
+"""Whether one row of a model that stays in the CPU's cache (not :func:`streams_from_memory`) in
+"bf16" runs :func:`llmcore.lowbit.dense`: float32 products on its bf16-rounded weights. bf16's
+gain at one row is reading half the bytes, and a cached model reads them from the cache; its
+kernels (oneDNN's, converting every activation and weight) then lose to float32's: the 4M
+model's bf16 decode ran at 0.59-0.84x float32's speed on an AMD EPYC with AVX512-BF16 and on
+an Intel Xeon with AMX. The same weights and float32 arithmetic, as at large batches on a CPU
+without bfloat16 arithmetic; ``kernel`` says so. False keeps bf16's own kernel (as
+``pack=`` does)."""
+
 ONE_ROW_ROUNDS = 3
 """Passes of each one-row kernel over a model's block matrices when the fast path measures
 which one to keep (:meth:`FastDecoder.measure_one_row`); the best pass of each counts."""
@@ -105,7 +115,8 @@ class FastDecoder:
     larger than a CPU's cache (:func:`streams_from_memory`), whichever of the two forms this
     CPU streams faster, measured on the model's own matrices (:meth:`measure_one_row`;
     ``kernel`` says which); otherwise one row runs the plain ``addmm`` (bfloat16: packed),
-    which costs less per call. ``pack`` (True or False) overrides that rule; packing
+    which costs less per call, and "bf16" runs float32 products on its bf16-rounded weights
+    (:data:`DENSE_BF16_WHEN_CACHED`). ``pack`` (True or False) overrides that rule; packing
     needs oneDNN and is never used with ``compile`` or an integer format. "bf16", "int8",
     "w8a8", "int4": this object holds its own copies of the matrices in that format (its row
     of :data:`llmcore.lowbit.FORMATS` for this batch size, :func:`llmcore.lowbit.format_of`:
@@ -129,10 +140,13 @@ class FastDecoder:
         self.one_row_seconds: dict[str, float] = {}     # filled when measured
         # its row of the formats' table, for this batch size (the kernel per batch size)
         fmt = format_of(precision, model.device, batch_size)
+        forms = []
+        if not compile and pack is None and batch_size == 1 and model.device.type == "cpu":
+            if streams_from_memory(model):
+                forms = self.one_row_forms(fmt)
+            elif precision == "bf16" and DENSE_BF16_WHEN_CACHED:
+                fmt = dense(precision)          # half the bytes gain nothing in a cache
         with torch.inference_mode(False):       # normal tensors, usable in any mode
-            forms = ([] if compile or pack is not None or batch_size != 1
-                     or model.device.type != "cpu" or not streams_from_memory(model)
-                     else self.one_row_forms(fmt))
             if len(forms) > 1:
                 self.measure_one_row(forms)     # prepares each, keeps the fastest
             else:
@@ -199,37 +213,40 @@ class FastDecoder:
         rounded = f" on {fmt.rounding}-rounded weights" if fmt.rounding else ""
         return f"{dtype} {kernel}{rounded}"
 
+    FORM_ATTRIBUTES = ("format", "head_format", "dtype", "stream_dtype", "own", "packed",
+                       "linear", "head_linear", "blocks", "head")
+    """What :meth:`use_format` and :meth:`prepare_weights` set: one form of this model."""
+
     def measure_one_row(self, forms: list[tuple[Format, bool]],
                         rounds: int = ONE_ROW_ROUNDS) -> None:
         """Keep whichever of ``forms`` (:meth:`one_row_forms`) streams this model's block
         matrices fastest for one row on this CPU (:data:`PACK_ONE_ROW_ABOVE_BYTES`). Each form
-        is prepared, each times ``rounds`` passes of one row (zeros, in its dtype) through
-        every block matrix, alternating, and all but the fastest are dropped;
-        ``one_row_seconds`` keeps each form's best pass. Serving engines tune their kernels on
-        the machine in the same way. Chapters 7 and 13."""
+        is prepared (all are held until measured), each times ``rounds`` passes of one row
+        (zeros, in its dtype) through every block matrix, alternating, and all but the
+        fastest are dropped; ``one_row_seconds`` keeps each form's best pass. Serving engines
+        tune their kernels on the machine in the same way. Chapters 7 and 13."""
         prepared = []
         for fmt, packed in forms:
             self.use_format(fmt)
             self.prepare_weights(packed)
-            prepared.append(dict(vars(self)))
-        names = [name for name, _ in self.block_weights(self.model.blocks[0])._asdict().items()
-                 if name.startswith("w_")]
-        d_ins = [getattr(self.block_weights(self.model.blocks[0]), name).shape[0]
-                 for name in names]
+            prepared.append({name: getattr(self, name) for name in self.FORM_ATTRIBUTES})
+        first = self.block_weights(self.model.blocks[0])._asdict()
+        d_in = {name: w.shape[0] for name, w in first.items() if name.startswith("w_")}
         best = [float("inf")] * len(forms)
         with torch.inference_mode():
             for _ in range(rounds):
-                for i, state in enumerate(prepared):
-                    rows = {d: torch.zeros(1, d, dtype=state["dtype"], device=self.model.device)
-                            for d in set(d_ins)}
-                    linear = state["linear"]
+                for i, form in enumerate(prepared):
+                    rows = {d: torch.zeros(1, d, dtype=form["dtype"], device=self.model.device)
+                            for d in set(d_in.values())}
+                    linear = form["linear"]
                     begin = time.perf_counter()
-                    for weights in state["blocks"]:
-                        for name, d_in in zip(names, d_ins):
-                            linear(rows[d_in], getattr(weights, name), None)
+                    for weights in form["blocks"]:
+                        for name, d in d_in.items():
+                            linear(rows[d], getattr(weights, name), None)
                     best[i] = min(best[i], time.perf_counter() - begin)
         fastest = min(range(len(forms)), key=best.__getitem__)
-        vars(self).update(prepared[fastest])
+        for name, value in prepared[fastest].items():
+            setattr(self, name, value)
         self.one_row_seconds = {self.form_name(*form): seconds
                                 for form, seconds in zip(forms, best)}
 

@@ -70,8 +70,17 @@ def test_reports_each_precision_against_fp32_and_its_own_bound(report):
         assert re.search(rf"^  batch  1 +{p}: fast +\d+ .* prepared once in \S+", report, re.M)
 
 
-def test_precision_rows_count_fewer_bytes_for_fewer_bits():
+def test_precision_rows_count_fewer_bytes_for_fewer_bits(monkeypatch):
+    """Each row counts the bytes its kernel reads: bf16's own kernel half of float32's, but
+    one row of a model that fits in a cache runs float32 products on bf16-rounded weights
+    (llmcore.fastpath.DENSE_BF16_WHEN_CACHED), which read float32's bytes, and says so."""
+    import llmcore.fastpath
     model = fast.GPT(fast.TINY)
+    cached = fast.precision_rows(model, 1e10, batch=1, context=4, sizes=fast.QUICK,
+                                 precisions=("fp32", "bf16"))
+    assert cached[1]["weight_bytes"] == cached[0]["weight_bytes"]
+    assert "float32 products on bf16-rounded weights" in cached[1]["kernel"]
+    monkeypatch.setattr(llmcore.fastpath, "DENSE_BF16_WHEN_CACHED", False)
     rows = fast.precision_rows(model, 1e10, batch=1, context=4, sizes=fast.QUICK)
     read = {row["precision"]: row["weight_bytes"] for row in rows}
     assert read["fp32"] == fast.weight_bytes(model) - 2 * 4 * fast.TINY.d_model   # not ln_f

@@ -133,6 +133,19 @@ def test_logits_stay_near_float32_within_the_stated_tolerance(name, precision, b
     assert_near_float32(model, prompt, follow, precision, f"{name} b={b}")
 
 
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_bf16s_own_kernel_at_one_row_stays_near_float32(name, monkeypatch):
+    """One row of these small (cached) models in bf16 runs float32 products on the rounded
+    weights (llmcore.fastpath.DENSE_BF16_WHEN_CACHED), covered above; bf16's own kernel at
+    one row, as a large model may keep it, stays within the tolerance too."""
+    import llmcore.fastpath
+    monkeypatch.setattr(llmcore.fastpath, "DENSE_BF16_WHEN_CACHED", False)
+    model = family(name, seed=5)
+    assert fast_model(model, precision="bf16").dtype == torch.bfloat16
+    prompt, follow = token_ids(model.config, 1, 9, seed=1), token_ids(model.config, 1, 6, seed=2)
+    assert_near_float32(model, prompt, follow, "bf16", f"{name} b=1, bf16's own kernel")
+
+
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_quantized_logits_equal_the_teaching_forward_of_the_same_rounded_weights(name,

@@ -211,9 +211,28 @@ def test_the_fast_model_owns_its_weights_and_leaves_the_model_unchanged():
         assert torch.equal(value, before[name]) and value.dtype == torch.float32
     assert fast.dtype == torch.bfloat16 and fast.stream_dtype == torch.float32
     assert fast.blocks[0].w_qkv.values.dtype == torch.int8
-    bf16 = fast_model(model, precision="bf16")
+    bf16 = fast_model(model, precision="bf16", pack=True)          # bf16's own kernel
     assert bf16.blocks[0].ln_1_scale.dtype == torch.float32         # norms stay float32
     assert bf16.blocks[0].b_qkv.dtype == torch.bfloat16
+
+
+def test_one_row_of_a_cached_model_in_bf16_is_float32_arithmetic_on_rounded_weights():
+    """bf16's gain at one row is reading half the bytes, which a model that fits in a cache
+    does not need (llmcore.fastpath.DENSE_BF16_WHEN_CACHED): its one row runs float32
+    products on its bf16-rounded weights, says so, and gives the float32 teaching forward of
+    those weights; pack= asks for bf16's own kernel."""
+    model = model_of("llama", seed=8)
+    fast = fast_model(model, precision="bf16")
+    assert fast.dtype == torch.float32 and fast.format.rounding == "bf16"
+    assert fast.kernel == "float32 products on bf16-rounded weights (dequantized once)"
+    assert fast_model(model, precision="bf16", pack=False).dtype == torch.bfloat16
+    rounded = fake_quantize(model, "bf16")
+    with torch.no_grad():
+        rounded.lm_head.copy_(round_weight(rounded.lm_head, "bf16"))
+    prompt, follow = token_ids(SMALL_GPT, 1, 7), token_ids(SMALL_GPT, 1, 5, seed=9)
+    torch.testing.assert_close(forced_logits(model, prompt, follow, "bf16"),
+                               forced_logits(rounded, prompt, follow, None),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_bad_precisions_are_refused_with_what_was_expected():
