@@ -142,7 +142,8 @@ class FastDecoder:
         self.group = c.n_heads // c.kv_heads
         self.window = getattr(c, "sliding_window", None)      # Mistral's; None: every key
         self.batch_size = batch_size
-        self.one_row_seconds: dict[str, float] = {}     # filled when measured
+        self.one_row_seconds: dict[str, float] = {}     # filled when measured,
+        self.one_row_dense: set[str] = set()            # and which forms are dense
         # its row of the formats' table, for this batch size (the kernel per batch size)
         fmt = format_of(precision, model.device, batch_size)
         forms = []
@@ -229,7 +230,8 @@ class FastDecoder:
         is prepared (all are held until measured), each times ``rounds`` passes of one row
         (zeros, in its dtype) through every block matrix, alternating, and all but the
         fastest (by its median pass) are dropped; ``one_row_seconds`` keeps each form's median
-        pass. Serving engines
+        pass, and ``one_row_dense`` names the dense forms (float32 arithmetic on the rounded
+        weights) among them. Serving engines
         tune their kernels on the machine in the same way. Chapters 7 and 13."""
         prepared = []
         for fmt, packed in forms:
@@ -256,6 +258,8 @@ class FastDecoder:
             setattr(self, name, value)
         self.one_row_seconds = {self.form_name(*form): seconds
                                 for form, seconds in zip(forms, typical)}
+        self.one_row_dense = {self.form_name(fmt, packed) for fmt, packed in forms
+                              if fmt.rounding is not None}
 
     @property
     def kernel(self) -> str:

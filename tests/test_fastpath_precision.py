@@ -438,7 +438,8 @@ def test_one_row_of_a_streamed_model_keeps_the_fastest_form_and_says_its_arithme
     names = list(fast.one_row_seconds)
     assert len(names) == (4 if precision == "bf16" else 3), names
     kept = min(fast.one_row_seconds, key=fast.one_row_seconds.get)
-    assert "float32" in kept and f"{precision}-rounded" in kept
+    assert "float32" in kept and f"{precision}-rounded" in kept and kept in fast.one_row_dense
+    assert len(fast.one_row_dense) == 2                  # the dense form, plain and packed
     rounded = fake_quantize(model, precision)
     with torch.no_grad():
         rounded.lm_head.copy_(round_weight(rounded.lm_head,

@@ -453,7 +453,8 @@ def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch
     ``context`` cached tokens, against its own weight-read bound: rows of {precision, weight
     bytes, step seconds, tokens/s, bound tokens/s (batch x bandwidth / weight bytes), step /
     bound}, its kernel (``FastDecoder.kernel``) and, when it measured its one-row forms,
-    their seconds a pass (``one_row_seconds``); with ``split`` the step's seconds in its matrix
+    their seconds a pass (``one_row_seconds``; ``own_arithmetic_seconds``: those in the
+    precision's own arithmetic, not its dense form); with ``split`` the step's seconds in its matrix
     products, their count and the profiled step's seconds (:func:`product_seconds`). Chapter
     13's speed table is made by this function."""
     rows = []
@@ -468,6 +469,9 @@ def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch
                      "bound_tokens_per_second": batch / bound, "step_over_bound": seconds / bound})
         rows[-1]["kernel"] = fast.kernel
         rows[-1]["one_row_seconds"] = dict(fast.one_row_seconds)
+        rows[-1]["own_arithmetic_seconds"] = {
+            form: seconds for form, seconds in fast.one_row_seconds.items()
+            if form not in fast.one_row_dense}
         if split:
             (rows[-1]["product_seconds"], rows[-1]["products"],
              rows[-1]["profiled_step_seconds"]) = product_seconds(fast, batch, context)
@@ -566,8 +570,7 @@ def precision_bounds(out: TextIO, label: str, model: GPT, bandwidth: float, size
         write_ratio(out, f"{label} batch 1, fp32 step / {p}'s products alone (the most "
                          f"{p} / fp32 can reach with every other op free; its goal is "
                          f"{goal:g}x)", fp32["step_seconds"] / row["product_seconds"])
-        own = {form: seconds for form, seconds in row["one_row_seconds"].items()
-               if "-rounded weights" not in form}        # the precision's own arithmetic
+        own = row["own_arithmetic_seconds"]
         if own and fp32["one_row_seconds"]:
             form = min(own, key=own.get)
             write_ratio(out, f"{label} batch 1, one pass of the block products, fp32's fastest "
