@@ -157,8 +157,7 @@ class FastDecoder:
                 self.measure_one_row(forms)     # prepares each, keeps the fastest
             else:
                 self.use_format(fmt)
-                can_pack = (not compile and fmt.prepare is None
-                            and packed_linear_available(model.device, self.dtype))
+                can_pack = not compile and self.packable(fmt)
                 if can_pack and pack is None:
                     pack = batch_size >= 2 or self.dtype == torch.bfloat16
                 self.prepare_weights(can_pack and bool(pack))
@@ -193,20 +192,23 @@ class FastDecoder:
         self.head = (None if self.own and not packed
                      else self.prepare_matrix(self.head_matrix(), head=True))
 
+    def packable(self, fmt: Format) -> bool:
+        """Whether ``fmt``'s matrices may be packed for oneDNN: a floating-point format (its
+        matrices the model's, cast) in a dtype oneDNN multiplies on this model's device."""
+        return fmt.prepare is None and packed_linear_available(
+            self.model.device, fmt.dtype or self.model.dtype)
+
     def one_row_forms(self, fmt: Format) -> list[tuple[Format, bool]]:
         """The (format, packed) forms one row of this model may take on this machine: the
-        precision's own format and, for a weight-only precision on the CPU, its dense form
-        (:func:`llmcore.lowbit.dense`: the same rounded weights in float32, float32's kernels);
-        each floating-point format plain (``addmm``) and, where oneDNN runs it, packed."""
-        device = self.model.device
-        formats = [fmt]
-        if device.type == "cpu" and fmt.dense_from is not None:
-            formats.append(dense(self.precision))
+        precision's own format and, for a weight-only precision (on the CPU, where the caller
+        asks), its dense form (:func:`llmcore.lowbit.dense`: the same rounded weights in
+        float32, float32's kernels); each floating-point format plain (``addmm``) and, where
+        oneDNN runs it, packed."""
+        formats = [fmt] if fmt.dense_from is None else [fmt, dense(self.precision)]
         forms = []
         for each in formats:
             forms.append((each, False))
-            if each.prepare is None and packed_linear_available(
-                    device, each.dtype or self.model.dtype):
+            if self.packable(each):
                 forms.append((each, True))
         return forms
 
@@ -240,17 +242,18 @@ class FastDecoder:
             prepared.append({name: getattr(self, name) for name in self.FORM_ATTRIBUTES})
         first = self.block_weights(self.model.blocks[0])._asdict()
         d_in = {name: w.shape[0] for name, w in first.items() if name.startswith("w_")}
+        rows = {(form["dtype"], d): torch.zeros(1, d, dtype=form["dtype"],
+                                                device=self.model.device)
+                for form in prepared for d in d_in.values()}          # one row per d_in, dtype
         passes: list[list[float]] = [[] for _ in forms]
         with torch.inference_mode():
             for _ in range(rounds):
                 for i, form in enumerate(prepared):
-                    rows = {d: torch.zeros(1, d, dtype=form["dtype"], device=self.model.device)
-                            for d in set(d_in.values())}
-                    linear = form["linear"]
+                    linear, dtype = form["linear"], form["dtype"]
                     begin = time.perf_counter()
                     for weights in form["blocks"]:
                         for name, d in d_in.items():
-                            linear(rows[d], getattr(weights, name), None)
+                            linear(rows[dtype, d], getattr(weights, name), None)
                     passes[i].append(time.perf_counter() - begin)
         typical = [statistics.median(seconds) for seconds in passes]
         fastest = min(range(len(forms)), key=typical.__getitem__)

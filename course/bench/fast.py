@@ -466,12 +466,11 @@ def precision_rows(model: GPT, bandwidth: float, *, precisions=PRECISIONS, batch
         bound = read / bandwidth
         rows.append({"precision": precision, "weight_bytes": read, "step_seconds": seconds,
                      "tokens_per_second": batch / seconds,
-                     "bound_tokens_per_second": batch / bound, "step_over_bound": seconds / bound})
-        rows[-1]["kernel"] = fast.kernel
-        rows[-1]["one_row_seconds"] = dict(fast.one_row_seconds)
-        rows[-1]["own_arithmetic_seconds"] = {
-            form: seconds for form, seconds in fast.one_row_seconds.items()
-            if form not in fast.one_row_dense}
+                     "bound_tokens_per_second": batch / bound, "step_over_bound": seconds / bound,
+                     "kernel": fast.kernel, "one_row_seconds": dict(fast.one_row_seconds),
+                     "own_arithmetic_seconds": {
+                         form: seconds for form, seconds in fast.one_row_seconds.items()
+                         if form not in fast.one_row_dense}})
         if split:
             (rows[-1]["product_seconds"], rows[-1]["products"],
              rows[-1]["profiled_step_seconds"]) = product_seconds(fast, batch, context)
