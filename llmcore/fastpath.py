@@ -189,7 +189,7 @@ class FastDecoder:
         self.head_linear = self.head_format.linear or plain
         self.blocks = [self.prepare_block(self.block_weights(block))
                        for block in self.model.blocks]
-        self.head = (None if self.own and not packed
+        self.head = (None if self.serves_own_tensors()
                      else self.prepare_matrix(self.head_matrix(), head=True))
 
     def packable(self, fmt: Format) -> bool:
@@ -235,20 +235,20 @@ class FastDecoder:
         pass, and ``one_row_dense`` names the dense forms (float32 arithmetic on the rounded
         weights) among them. Serving engines
         tune their kernels on the machine in the same way. Chapters 7 and 13."""
-        prepared = []
+        prepared, inputs = [], []
         for fmt, packed in forms:
             self.use_format(fmt)
             self.prepare_weights(packed)
             prepared.append({name: getattr(self, name) for name in self.FORM_ATTRIBUTES})
-        first = self.block_weights(self.model.blocks[0])._asdict()
-        d_in = {name: w.shape[0] for name, w in first.items() if name.startswith("w_")}
+            inputs.append(self.matrix_inputs())
         rows = {(form["dtype"], d): torch.zeros(1, d, dtype=form["dtype"],
                                                 device=self.model.device)
-                for form in prepared for d in d_in.values()}          # one row per d_in, dtype
+                for form, d_in in zip(prepared, inputs)
+                for d in d_in.values()}                                # one row per d_in, dtype
         passes: list[list[float]] = [[] for _ in forms]
         with torch.inference_mode():
             for _ in range(rounds):
-                for i, form in enumerate(prepared):
+                for i, (form, d_in) in enumerate(zip(prepared, inputs)):
                     linear, dtype = form["linear"], form["dtype"]
                     begin = time.perf_counter()
                     for weights in form["blocks"]:
@@ -293,12 +293,27 @@ class FastDecoder:
         w = w.to(self.dtype)
         return pack(w, self.batch_size) if self.packed else w
 
+    def serves_own_tensors(self) -> bool:
+        """Whether the blocks are the model's own tensors (no copy): its own dtype and format,
+        not packed."""
+        return self.own and not self.packed
+
+    def matrix_inputs(self) -> dict[str, int]:
+        """The prepared blocks' matrices by name (``w_*``), each with the width d_in of the
+        rows it reads (fused, as :meth:`prepare_block` made them, when copies were made)."""
+        weights = self.block_weights(self.model.blocks[0])
+        if not self.serves_own_tensors():
+            weights = self.fuse(weights)
+        return {name: w.shape[0] for name, w in weights._asdict().items()
+                if name.startswith("w_") and w is not None}
+
     def prepare_block(self, weights: NamedTuple) -> NamedTuple:
         """One block's tensors for this precision: matrices (``w_*``) by
         :meth:`prepare_matrix`, biases (``b_*``) in ``dtype``, norm weights in
         ``stream_dtype``; the model's own tensors when nothing changes."""
-        if self.own and not self.packed:
+        if self.serves_own_tensors():
             return weights
+        weights = self.fuse(weights)                            # a copy is made anyway
         return weights._replace(**{
             name: (self.prepare_matrix(t) if name.startswith("w_") else
                    t.detach().to(self.dtype if name.startswith("b_") else self.stream_dtype))
@@ -431,6 +446,11 @@ class FastDecoder:
         return bytes_of([self.blocks, head])
 
     # -- what each model fills in ----------------------------------------------------------
+    def fuse(self, weights: NamedTuple) -> NamedTuple:
+        """A block's weights with the matrices that read the same rows joined side by side,
+        for the copies :meth:`prepare_block` makes (default: unchanged)."""
+        return weights
+
     def block_weights(self, block) -> NamedTuple:
         """One block's tensors, named (matrices ``w_*``, which may be packed)."""
         raise NotImplementedError
@@ -560,22 +580,27 @@ class LlamaBlockWeights(NamedTuple):
     """One Llama block's tensors as the fast path reads them: the model's own parameters, or
     copies in the fast path's precision (the matrices ``w_*`` packed or quantized). The
     families' extras are None where a model has none: q/k/v biases (Qwen2), per-head q and k
-    norms (Qwen3)."""
+    norms (Qwen3). Copies are fused (:meth:`FastLlama.fuse`): ``w_qkv`` (d, (h + 2 h_kv)
+    d_head) = [w_q | w_k | w_v] with ``b_qkv``, and ``w_gate_up`` (d, 2 f) = [w_gate | w_up],
+    the separate fields then None: one product for each input instead of three and two."""
 
     attn_norm: Tensor
-    w_q: Tensor
-    w_k: Tensor
-    w_v: Tensor
+    w_q: Tensor | None
+    w_k: Tensor | None
+    w_v: Tensor | None
     w_o: Tensor
     ffn_norm: Tensor
-    w_gate: Tensor
-    w_up: Tensor
+    w_gate: Tensor | None
+    w_up: Tensor | None
     w_down: Tensor
     b_q: Tensor | None = None
     b_k: Tensor | None = None
     b_v: Tensor | None = None
     q_norm: Tensor | None = None
     k_norm: Tensor | None = None
+    w_qkv: Tensor | None = None
+    b_qkv: Tensor | None = None
+    w_gate_up: Tensor | None = None
 
 
 class FastLlama(FastDecoder):
@@ -599,6 +624,8 @@ class FastLlama(FastDecoder):
                                    scaling=c.rope_scaling)
             self.norm_f = model.norm_f.weight.detach().to(self.stream_dtype)
         self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)   # (T, d_head)
+        self.qkv_widths = (self.h * self.d_head, self.h_kv * self.d_head,
+                           self.h_kv * self.d_head)                     # w_qkv's three parts
 
     def block_weights(self, block) -> LlamaBlockWeights:
         attention, ffn = block.attention, block.ffn
@@ -608,6 +635,21 @@ class FastLlama(FastDecoder):
                                  attention.w_v, attention.w_o, block.ffn_norm.weight,
                                  ffn.w_gate, ffn.w_up, ffn.w_down, attention.b_q,
                                  attention.b_k, attention.b_v, *norms)
+
+    def fuse(self, w: LlamaBlockWeights) -> LlamaBlockWeights:
+        """The block's matrices that read the same rows as one matrix each (a copy):
+        [w_q | w_k | w_v] (d, (h + 2 h_kv) d_head) with its biases side by side, and [w_gate |
+        w_up] (d, 2 f). Each output column is the same sum as before, and every precision
+        rounds a matrix column by column (or in groups along d_in), so the fused copy holds
+        the same rounded numbers; a decode step then runs 4 products a block, not 7, and
+        w8a8 rounds each input's rows once. Chapters 7 and 11."""
+        biases = None
+        if w.b_q is not None:                               # Qwen2: all three, or none
+            biases = torch.cat([w.b_q, w.b_k, w.b_v])
+        return w._replace(w_q=None, w_k=None, w_v=None, b_q=None, b_k=None, b_v=None,
+                          w_gate=None, w_up=None, b_qkv=biases,
+                          w_qkv=torch.cat([w.w_q, w.w_k, w.w_v], dim=1).detach(),
+                          w_gate_up=torch.cat([w.w_gate, w.w_up], dim=1).detach())
 
     def head_matrix(self) -> Tensor:
         return self.model.lm_head                                               # (d, v)
@@ -635,9 +677,13 @@ class FastLlama(FastDecoder):
         b, n, d = x.shape
         rows = x.view(b * n, d)
         normed = F.rms_norm(rows, (d,), w.attn_norm, self.eps).to(self.dtype)
-        q = self.heads(self.linear(normed, w.w_q, w.b_q), b, n)  # (b, h, n, d_head)
-        k = self.heads(self.linear(normed, w.w_k, w.b_k), b, n)  # (b, h_kv, n, d_head)
-        v = self.heads(self.linear(normed, w.w_v, w.b_v), b, n)
+        if w.w_qkv is None:                                      # the model's own tensors
+            q, k, v = (self.linear(normed, w.w_q, w.b_q), self.linear(normed, w.w_k, w.b_k),
+                       self.linear(normed, w.w_v, w.b_v))
+        else:                                                    # fused: views of one product
+            q, k, v = self.linear(normed, w.w_qkv, w.b_qkv).split(self.qkv_widths, dim=1)
+        q = self.heads(q, b, n)                                  # (b, h, n, d_head)
+        k, v = self.heads(k, b, n), self.heads(v, b, n)          # (b, h_kv, n, d_head)
         if w.q_norm is not None:                                 # Qwen3
             q, k = self.head_norm(q, w.q_norm), self.head_norm(k, w.k_norm)
         cos, sin = rotation
@@ -647,8 +693,11 @@ class FastLlama(FastDecoder):
         out = out.transpose(1, 2).reshape(b * n, -1)             # (b n, h d_head)
         rows = rows + self.linear(out, w.w_o, None)              # residual
         normed = F.rms_norm(rows, (d,), w.ffn_norm, self.eps).to(self.dtype)
-        gate = F.silu(self.linear(normed, w.w_gate, None))
-        hidden = gate.mul_(self.linear(normed, w.w_up, None))    # (b n, f)
+        if w.w_gate_up is None:
+            gate, up = self.linear(normed, w.w_gate, None), self.linear(normed, w.w_up, None)
+        else:
+            gate, up = self.linear(normed, w.w_gate_up, None).chunk(2, dim=1)
+        hidden = F.silu(gate).mul_(up)                           # (b n, f)
         out = self.linear(hidden, w.w_down, None)
         return (rows + out).view(b, n, d)                        # residual
 

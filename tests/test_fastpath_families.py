@@ -13,8 +13,10 @@ import torch
 from llmcore import generate
 from llmcore.fastpath import FastLlama, FastStep, StaticCache, fast_model
 from llmcore.llama import Llama, LlamaConfig
+from llmcore.lowbit import Int8Linear, int8_linear
 from llmcore.rope import RopeScaling
 from llmcore.storage import storage_bytes
+from course.bench.fast import PRODUCT_OPS
 from test_fastpath import assert_steps_equal_the_teaching_forward, mixed_lengths
 from test_fastpath_precision import (PRECISIONS, assert_near_float32,
                                      assert_rounding_is_all_that_changes)
@@ -163,3 +165,36 @@ def test_meta_device_generation_makes_nothing_on_the_cpu(name):
     for precision in (None, "bf16", "int8", "int4"):
         out = generate(model, prompt, 4, attention_mask=mask, fast=True, precision=precision)
         assert out.shape == (3, 16) and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "w8a8", "int4"])
+def test_a_prepared_copy_reads_each_input_once_q_k_v_fused_and_gate_up_fused(precision):
+    """Copies (packed, cast or quantized) are fused: one product for q, k and v, one for gate
+    and up (4 a block, not 7, and w8a8 rounds each input once); the fused matrix holds the
+    same rounded numbers as the separate ones, since every precision rounds column by column.
+    float32 at one row on a small model serves the model's own tensors, unfused and uncopied."""
+    model = family("qwen2.5")                                   # with q/k/v biases
+    attention, ffn = model.blocks[0].attention, model.blocks[0].ffn
+    compared = 0
+    for batch in (1, 16):
+        fast = fast_model(model, precision=precision, batch_size=batch)
+        w = fast.blocks[0]
+        if fast.serves_own_tensors():
+            assert (precision, batch) == ("fp32", 1)
+            assert w.w_q is attention.w_q and w.w_qkv is None and w.w_gate_up is None
+            continue
+        assert w.w_q is w.w_k is w.w_v is w.w_gate is w.w_up is w.b_q is None
+        assert w.b_qkv.shape == (fast.h * fast.d_head + 2 * fast.h_kv * fast.d_head,)
+        if isinstance(w.w_gate_up, Int8Linear):
+            apart = [int8_linear(m.detach(), fast.dtype) for m in (ffn.w_gate, ffn.w_up)]
+            assert torch.equal(w.w_gate_up.values,
+                               torch.cat([part.values for part in apart]))
+            assert torch.equal(w.w_gate_up.scale, torch.cat([part.scale for part in apart]))
+            compared += 1
+    assert compared == (precision == "int8")                    # its one-row kernel    fast = fast_model(model, precision=precision, batch_size=1)
+    prompt = token_ids(model.config, 1, 6)
+    with torch.inference_mode(), torch.profiler.profile() as profiled:
+        generate(model, prompt, 2, fast=fast)
+    calls = sum(e.count for e in profiled.key_averages() if e.key in PRODUCT_OPS)
+    per_step = (4 if not fast.serves_own_tensors() else 7) * model.config.n_layers + 1
+    assert calls == 2 * per_step, (precision, calls)
