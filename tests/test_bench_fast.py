@@ -135,3 +135,22 @@ def test_weight_bytes_count_every_parameter_but_the_position_table():
     assert fast.weight_bytes(model) == 4 * (model.num_parameters() - c.max_seq_len * c.d_model)
     assert fast.weight_bytes(fast.GPT(fast.TINY, dtype=torch.float64)) == \
         2 * fast.weight_bytes(model)
+
+
+def test_the_goal_of_w8a8_or_int4_reads_the_faster_of_the_two():
+    """GPT-2 small's batch-1 goal names either precision (issue 33): its line divides the
+    faster one's tokens/s by fp32's, and each precision keeps its own line beside it."""
+    out = io.StringIO()
+    fast.precision_generation(out, "GPT-2 small", fast.GPT(fast.TINY, seed=0), {}, fast.QUICK,
+                              checked=False)
+    report = out.getvalue()
+    either, batch, goal = fast.EITHER_VS_FP32_AT_LEAST
+    line = [row for row in report.splitlines() if f"the faster of {' and '.join(either)}" in row]
+    assert len(line) == 1 and f"batch {batch}," in line[0] and f">= {goal:g}x" in line[0]
+    named = line[0].split("(")[1].split(")")[0]
+    assert named in either
+    rates = {p: ratio(report, f"GPT-2 small batch {batch}, fast {p} / fast fp32 tokens/s")
+             for p in either}
+    both = ratio(report, f"GPT-2 small batch {batch}, the faster of {' and '.join(either)} "
+                         f"({named}) / fast fp32 tokens/s")
+    assert both == max(rates.values()) == rates[named]
