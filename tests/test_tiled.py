@@ -1,6 +1,7 @@
 """llmcore.tiled: the online softmax equals the softmax, tiled attention equals explicit attention
 (causal or not, decode and chunked prefill, grouped K/V heads, masks, tile sizes that do not divide
-n or m), future tiles are skipped, and at n = 4096 the tiled peak memory is far below the (n, n)
+n or m), future tiles are skipped, a kept shift that overflows or underflows is caught and computed
+again with the rescaling, and at n = 4096 the tiled peak memory is far below the (n, n)
 score matrix that explicit attention needs."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from llmcore import testing
 from llmcore.attention import attention
 from llmcore.peak_memory import peak_memory
 from llmcore.softmax import softmax
-from llmcore.tiled import online_softmax, online_softmax_loop, online_softmax_step, tiled_attention
+from llmcore.tiled import (TileSource, attend_query_tile, online_softmax, online_softmax_loop,
+                           online_softmax_step, shift_held, tiled_attention)
 
 F64 = dict(rtol=1e-12, atol=1e-12)          # between our own rungs, in float64
 
@@ -282,3 +284,57 @@ def test_tiled_peak_memory_far_below_the_score_matrix(one_thread, rng):
     assert explicit >= score_bytes, f"explicit peak {explicit} B < (n, n) scores {score_bytes} B"
     assert tiled < score_bytes / 16, f"tiled peak {tiled} B is not far below {score_bytes} B"
     assert tiled >= q.numel() * 4                                 # it does count the output
+
+
+# --- the first tile's maximum as a kept shift ----------------------------------------------------
+
+def climbing_keys(dtype, per_key):
+    """One query of 10s against 12 keys (per_key j, ..., per_key j): its base-2 scores climb by
+    80 per_key / sqrt(8) log2(e) = 40.8 per_key a key, so a shift kept from keys 0-3 overflows
+    when the last key passes it by exp's range (2**128 in float32, 2**1024 in float64)."""
+    q = torch.full((1, 1, 1, 8), 10.0, dtype=dtype)
+    k = (torch.arange(12, dtype=dtype) * per_key)[:, None].expand(12, 8)[None, None]
+    v = torch.randn(1, 1, 12, 8, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype, per_key", [(torch.float32, 2.0), (torch.float64, 12.0)])
+def test_a_kept_shift_that_overflows_is_computed_again_with_the_rescaling(dtype, per_key):
+    q, k, v = climbing_keys(dtype, per_key)
+    tiles = TileSource(q, k, v, causal=False, mask=None, group=1, block_q=4, block_k=4)
+    assert not shift_held(*attend_query_tile(tiles, 0, 1, rescale=False))
+    assert shift_held(*attend_query_tile(tiles, 0, 1, rescale=True))
+    with MatmulCounter() as counter:
+        got = tiled_attention(q, k, v, block_q=4, block_k=4)
+    assert counter.count == 2 * 3 * 2                  # 3 key tiles, each pass
+    want = attention(q.double(), k.double(), v.double())
+    assert torch.isfinite(got).all()
+    testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_ordinary_scores_keep_the_first_tiles_shift():
+    q, k, v = climbing_keys(torch.float32, 0.25)    # 8 keys x 10.2 = 82 binades: in range
+    tiles = TileSource(q, k, v, causal=False, mask=None, group=1, block_q=4, block_k=4)
+    acc, total = attend_query_tile(tiles, 0, 1, rescale=False)
+    assert shift_held(acc, total) and total.item() > 1e20   # weights far above 1, still exact
+    with MatmulCounter() as counter:
+        got = tiled_attention(q, k, v, block_q=4, block_k=4)
+    assert counter.count == 2 * 3
+    testing.assert_close(got.double(), attention(q.double(), k.double(), v.double()),
+                         rtol=1e-5, atol=1e-6)
+
+
+def test_a_query_that_sees_nothing_in_its_first_tile_cannot_lose_its_weights(rng):
+    """Query 0's first key tile is masked: its kept shift would be 0, and its visible scores lie
+    about 300 binades below it (exp2 underflows to 0 in float32): caught, rescaled, exact."""
+    q = torch.full((1, 1, 2, 4), -10.0)
+    k = torch.full((1, 1, 8, 4), 10.0)
+    v = testing.randn(rng, 1, 1, 8, 4, dtype=torch.float32)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[0, :4] = False
+    tiles = TileSource(q, k, v, causal=False, mask=mask, group=1, block_q=2, block_k=4)
+    assert not shift_held(*attend_query_tile(tiles, 0, 2, rescale=False))
+    got = tiled_attention(q, k, v, mask=mask, block_q=2, block_k=4)
+    want = attention(q.double(), k.double(), v.double(), mask=mask)
+    testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert got[0, 0, 0].abs().sum() > 0                 # not the zeros of a query that saw nothing
