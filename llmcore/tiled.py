@@ -186,7 +186,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *,
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
         acc, total = attend_query_tile(tiles, i0, i1, rescale=False)
-        if not shift_held(acc, total):          # rare: exact for every input
+        if not shift_held(acc, total):       # rare; exact for every input
             acc, total = attend_query_tile(tiles, i0, i1, rescale=True)
         # rows that saw no key: 0 / tiny = 0
         acc.div_(total.clamp(min=torch.finfo(q.dtype).tiny))
