@@ -160,7 +160,7 @@ class Sizes:
 
 FULL = Sizes(shapes=(("4M", MODEL_4M), ("GPT-2 small", GPT2_SMALL)), llama=LLAMA_GQA,
              prompt=16, new_tokens=32,
-             batches=(1, 16), repeats=3, bandwidth_mib=256, paged_lengths=(20, 900),
+             batches=(1, 16), repeats=5, bandwidth_mib=256, paged_lengths=(20, 900),
              paged_batch=16, block_size=16, attention_heads=8, explicit_ns=(512, 2048),
              tiled_n=4096, compile_check=True, min_seconds=0.05)
 QUICK = Sizes(shapes=(("tiny", TINY),), llama=LLAMA_TINY, prompt=6, new_tokens=4,
