@@ -219,8 +219,8 @@ class TileSource:
         # scores in base 2 (exp2 for exp), 1 / sqrt(d_head) folded in too
         self.q_scale = math.log2(math.e) / math.sqrt(self.d_head)
         batch = math.prod(k.shape[:-2])                          # B
-        self.buffer = torch.empty(batch, group * block_q * block_k,
-                                  dtype=q.dtype, device=q.device)
+        tile = group * min(block_q, n) * min(block_k, m)  # the largest tile
+        self.buffer = torch.empty(batch, tile, dtype=q.dtype, device=q.device)
         self.diagonal: dict[tuple[int, int, int], Tensor] = {}
 
     def key_end(self, i1: int) -> int:
@@ -315,8 +315,9 @@ def shift_held(acc: Tensor, total: Tensor) -> bool:
     is for a query whose shift was one of its own scores (that score's
     weight is exp(0) = 1); a query that saw no key in its first tile was
     shifted by 0, and may have lost its weights to underflow. On the meta
-    device there are no values to check: True. Chapter 10."""
-    if acc.device.type == "meta":
+    device, or for no queries at all, there is nothing to check: True.
+    Chapter 10."""
+    if acc.device.type == "meta" or total.numel() == 0:
         return True
     # one sum of acc is finite only if every entry is (inf or nan spreads)
     return bool(torch.isfinite(acc.sum()) & (total.amin() >= 1))

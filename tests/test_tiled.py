@@ -338,3 +338,10 @@ def test_a_query_that_sees_nothing_in_its_first_tile_cannot_lose_its_weights(rng
     want = attention(q.double(), k.double(), v.double(), mask=mask)
     testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
     assert got[0, 0, 0].abs().sum() > 0                 # not the zeros of a query that saw nothing
+
+
+@pytest.mark.parametrize("b, n", [(0, 5), (1, 0)])
+def test_an_empty_batch_or_no_queries_gives_an_empty_output(b, n):
+    q, k = torch.randn(b, 2, n, 4), torch.randn(b, 2, 7, 4)
+    out = tiled_attention(q, k, k, causal=True, block_q=2, block_k=3)
+    assert out.shape == (b, 2, n, 4)
