@@ -36,7 +36,9 @@ def test_calls_made_counts_every_call(min_seconds):
 
 def test_each_repeat_lasts_min_seconds_and_times_are_per_call():
     result = measurement(time.sleep, 0.002, repeats=3, min_seconds=0.02)
-    assert result.number_per_run >= 8               # 0.02 s of 2 ms calls
+    # 0.02 s of 2 ms calls: 10, or fewer when the first (estimating) sleep overshot, as a busy
+    # virtual machine's sleeps do (7 seen for one of 2.9 ms); 5 allows a first sleep of 4 ms
+    assert 5 <= result.number_per_run <= 10
     assert all(0.002 <= t < 0.02 for t in result.times)
     assert result.median == pytest.approx(sorted(result.times)[1])
 
