@@ -191,7 +191,8 @@ def test_a_prepared_copy_reads_each_input_once_q_k_v_fused_and_gate_up_fused(pre
                                torch.cat([part.values for part in apart]))
             assert torch.equal(w.w_gate_up.scale, torch.cat([part.scale for part in apart]))
             compared += 1
-    assert compared == (precision == "int8")                    # its one-row kernel    fast = fast_model(model, precision=precision, batch_size=1)
+    assert compared == (precision == "int8")                    # its one-row kernel
+    fast = fast_model(model, precision=precision, batch_size=1)
     prompt = token_ids(model.config, 1, 6)
     with torch.inference_mode(), torch.profiler.profile() as profiled:
         generate(model, prompt, 2, fast=fast)
