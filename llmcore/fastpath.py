@@ -302,8 +302,10 @@ class FastDecoder:
         """The prepared blocks' matrices by name (``w_*``), each with the width d_in of the
         rows it reads (fused, as :meth:`prepare_block` made them, when copies were made)."""
         weights = self.block_weights(self.model.blocks[0])
-        if not self.serves_own_tensors():
-            weights = self.fuse(weights)
+        if not self.serves_own_tensors():       # fused shapes, on the meta device: no copy
+            weights = self.fuse(weights._replace(**{
+                name: t.detach().to("meta") for name, t in weights._asdict().items()
+                if t is not None}))
         return {name: w.shape[0] for name, w in weights._asdict().items()
                 if name.startswith("w_") and w is not None}
 

@@ -572,9 +572,9 @@ def precision_bounds(out: TextIO, label: str, model: GPT, bandwidth: float, size
         write_ratio(out, f"{label} {p} decode step time / its weight-read bound",
                     row["step_over_bound"], at_most=goal, checked=checked)
     fp32 = rows[0]
+    either, batch, either_goal = EITHER_VS_FP32_AT_LEAST
     for row in rows[1:]:          # what a goal against fp32 could reach with every other op free
         p = row["precision"]
-        either, batch, either_goal = EITHER_VS_FP32_AT_LEAST
         goal = VS_FP32_AT_LEAST.get((p, 1), either_goal if p in either and batch == 1 else None)
         if label != "GPT-2 small" or goal is None:
             continue
