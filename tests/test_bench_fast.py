@@ -154,3 +154,34 @@ def test_the_goal_of_w8a8_or_int4_reads_the_faster_of_the_two():
     both = ratio(report, f"GPT-2 small batch {batch}, the faster of {' and '.join(either)} "
                          f"({named}) / fast fp32 tokens/s")
     assert both == max(rates.values()) == rates[named]
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")
+@pytest.mark.parametrize("goal", [0.0, 1e9])
+def test_each_precision_is_held_against_its_peer_and_a_goal_not_held_shows_its_profile(
+        tmp_path, monkeypatch, goal):
+    """Issue 33: every precision, weight-only int8 too, >= 1.2x transformers in the same
+    precision. A goal no run can hold (1e9x) is followed, line by line, by the peer's time a
+    step over the fast path's products alone; a goal every run holds (0x) by nothing."""
+    monkeypatch.setattr(fast, "PRECISION_VS_TRANSFORMERS_AT_LEAST", goal)
+    model = fast.GPT(fast.TINY, seed=0).eval()
+    peers, _ = fast.precision_peers(model, str(tmp_path))
+    out = io.StringIO()
+    fast.precision_generation(out, "tiny", model, peers, fast.QUICK, checked=True)
+    lines = out.getvalue().splitlines()
+    verdict = "NOT held" if goal else "held"
+    for b in fast.QUICK.batches:
+        for p, peer in fast.PEER_OF.items():
+            if peer not in peers:                  # GPT-2's fp32 peer is generation()'s
+                continue
+            label = f"ratio tiny batch {b}, fast {p} / transformers {peer} tokens/s: "
+            at = [i for i, line in enumerate(lines) if line.startswith(label)]
+            assert len(at) == 1, label
+            assert lines[at[0]].endswith(f"expected >= {goal:g}x: {verdict}"), lines[at[0]]
+            profile = (f"ratio tiny batch {b}, transformers {peer}'s time a step / fast {p}'s "
+                       f"products alone")
+            if goal:
+                assert lines[at[0] + 1].startswith(profile), lines[at[0] + 1]
+                assert float(re.search(r": ([\d.]+)x$", lines[at[0] + 1]).group(1)) > 0
+            else:
+                assert not any(line.startswith(profile) for line in lines)
