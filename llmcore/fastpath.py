@@ -40,8 +40,8 @@ from torch import Tensor
 
 from .layout import check_attention_mask
 from .llama import Llama
-from .lowbit import (Format, bytes_of, dense, format_of, pack, packed_linear,
-                     packed_linear_available, plain_linear)
+from .lowbit import (ONE_ROW_FORMATS, Format, bytes_of, dense, format_of, pack,
+                     packed_linear, packed_linear_available, plain_linear)
 from .masks import causal_mask, sliding_window_mask
 from .model import GPT
 from .quantize import round_weight
@@ -205,6 +205,9 @@ class FastDecoder:
         float32, float32's kernels); each floating-point format plain (``addmm``) and, where
         oneDNN runs it, packed."""
         formats = [fmt] if fmt.dense_from is None else [fmt, dense(self.precision)]
+        native = ONE_ROW_FORMATS.get(self.precision)
+        if native is not None and native.available(self.model.device):
+            formats.append(native)                    # llmcore's C kernel (llmcore.onerow)
         forms = []
         for each in formats:
             forms.append((each, False))
@@ -230,10 +233,10 @@ class FastDecoder:
         """Keep whichever of ``forms`` (:meth:`one_row_forms`) streams this model's block
         matrices fastest for one row on this CPU (:data:`PACK_ONE_ROW_ABOVE_BYTES`). Each form
         is prepared (all are held until measured), each times ``rounds`` passes of one row
-        (zeros, in its dtype) through every block matrix, alternating, and all but the
-        fastest (by its median pass) are dropped; ``one_row_seconds`` keeps each form's median
-        pass, and ``one_row_dense`` names the dense forms (float32 arithmetic on the rounded
-        weights) among them. Serving engines
+        (ones, in its dtype: not zeros, which a kernel may skip) through every block matrix,
+        alternating, and all but the fastest (by its median pass) are dropped;
+        ``one_row_seconds`` keeps each form's median pass, and ``one_row_dense`` names the
+        dense forms (float32 arithmetic on the rounded weights) among them. Serving engines
         tune their kernels on the machine in the same way. Chapters 7 and 13."""
         prepared, inputs = [], []
         for fmt, packed in forms:
@@ -241,8 +244,8 @@ class FastDecoder:
             self.prepare_weights(packed)
             prepared.append({name: getattr(self, name) for name in self.FORM_ATTRIBUTES})
             inputs.append(self.matrix_inputs())
-        rows = {(form["dtype"], d): torch.zeros(1, d, dtype=form["dtype"],
-                                                device=self.model.device)
+        rows = {(form["dtype"], d): torch.ones(1, d, dtype=form["dtype"],
+                                               device=self.model.device)
                 for form, d_in in zip(prepared, inputs)
                 for d in d_in.values()}                                # one row per d_in, dtype
         passes: list[list[float]] = [[] for _ in forms]

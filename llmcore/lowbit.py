@@ -27,7 +27,9 @@ float32's own at large batches (the measurements are at :data:`BF16_DENSE_FROM_B
 :data:`INT_DENSE_FROM_BATCH`). On a CPU that multiplies bfloat16 in hardware
 (:func:`bf16_arithmetic`: AVX512-BF16 or AMX), "bf16" stays bfloat16 at every batch size and
 "int8" and "int4" are dequantized once into bfloat16 and multiplied in bfloat16, the faster
-arithmetic there; the benchmark prints each setting's kernel.
+arithmetic there; the benchmark prints each setting's kernel. For one row, "int8" and "w8a8"
+have a second form, :data:`ONE_ROW_FORMATS`: the same codes multiplied by llmcore's C kernels
+(:mod:`llmcore.onerow`), which the fast path keeps where they measure faster.
 
 The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
 the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
@@ -46,11 +48,17 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from . import onerow
 from .quantize import (INT4_GROUP_SIZE, INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8,
                        round_weight, unpack_int4)
 
 INT4_KERNEL_COLUMNS = 16
 """PyTorch's CPU int4 kernel packs output columns in groups of 16: d_out must be a multiple."""
+
+INT8_KERNEL_DEPTH = 16
+"""PyTorch's CPU weight-only int8 kernel (``aten._weight_int8pack_mm``, torch 2.13) reads d_in
+in blocks of 16: with any other d_in it returns wrong numbers or crashes (d_in = 8 or 100,
+every d_out tried), so :func:`int8_linear` refuses such a matrix."""
 
 def packed_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether oneDNN's prepacked matrix products exist for matrices in ``dtype`` on ``device``:
@@ -103,7 +111,12 @@ class Int4Linear(NamedTuple):
 
 def int8_linear(weight: Tensor, dtype: torch.dtype) -> Int8Linear:
     """weight (d_in, d_out) -> :class:`Int8Linear`: :func:`llmcore.quantize.quantize_int8`
-    laid out for ``aten._weight_int8pack_mm``, the scale in ``dtype`` (the activations')."""
+    laid out for ``aten._weight_int8pack_mm``, the scale in ``dtype`` (the activations'). The
+    kernel wants d_in a multiple of :data:`INT8_KERNEL_DEPTH`."""
+    d_in, d_out = weight.shape
+    if d_in % INT8_KERNEL_DEPTH:
+        raise ValueError(f"int8: PyTorch's weight-only int8 kernel needs d_in divisible by "
+                         f"{INT8_KERNEL_DEPTH}, got a ({d_in}, {d_out}) matrix")
     q = quantize_int8(weight.detach())
     return Int8Linear(q.values.t().contiguous(), q.scale.to(dtype))
 
@@ -350,6 +363,20 @@ FORMATS = {
                    dense_from=INT_DENSE_FROM_BATCH),
 }
 """Every precision of the fast path, one row each (see the module's docstring)."""
+
+ONE_ROW_FORMATS = {
+    "int8": Format(torch.bfloat16, int8_linear, onerow.int8_onerow, available=onerow.available,
+                   kernel="llmcore's one-row int8 kernel (C, AVX-512)"),
+    "w8a8": Format(torch.float32, onerow.w8a8_rows, onerow.w8a8_onerow,
+                   available=onerow.available,
+                   kernel="llmcore's one-row int8 x int8 kernel (C, AVX-512 VNNI)"),
+}
+"""A second form of a precision for one row, where :func:`llmcore.onerow.available`: the same
+codes and scales (and, for "w8a8", the same rounding of the activations and the same
+float32 results), multiplied by :mod:`llmcore.onerow`'s C kernels, which stream a matrix at
+memory speed where PyTorch's int8 kernels fall short of it. The fast path measures it against
+the precision's own form and keeps the faster
+(:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
 PRECISIONS = tuple(FORMATS)
 """What ``precision=`` accepts (None: the model's own dtype and tensors)."""

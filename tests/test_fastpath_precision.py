@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from llmcore import generate
+from llmcore import generate, onerow
 from llmcore.fastpath import FastModels, FastStep, fast_model
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.model import GPT, GPTConfig
@@ -244,6 +244,9 @@ def test_bad_precisions_are_refused_with_what_was_expected():
         generate(model, prompt, 2, precision="bf16")
     with pytest.raises(ValueError, match="divisible by 16"):
         fast_model(GPT(GPTConfig(vocab_size=64, d_model=40, n_heads=4)), precision="int4")
+    with pytest.raises(ValueError, match=r"int8: PyTorch's weight-only int8 kernel needs d_in "
+                                         r"divisible by 16, got a \(40, 120\) matrix"):
+        fast_model(GPT(GPTConfig(vocab_size=64, d_model=40, n_heads=4)), precision="int8")
 
 
 @pytest.mark.parametrize("precision", ON_META)
@@ -430,13 +433,16 @@ def test_one_row_of_a_streamed_model_keeps_the_fastest_form_and_says_its_arithme
         for name in ("plain_linear", "packed_linear"):
             monkeypatch.setattr(fastpath, name, slowed(getattr(fastpath, name)))
     else:
-        fmt = lowbit.FORMATS[precision]
-        monkeypatch.setitem(lowbit.FORMATS, precision, fmt._replace(linear=slowed(fmt.linear)))
+        for formats in (lowbit.FORMATS, lowbit.ONE_ROW_FORMATS):
+            if precision in formats:
+                fmt = formats[precision]
+                monkeypatch.setitem(formats, precision, fmt._replace(linear=slowed(fmt.linear)))
     fast = fast_model(model, precision=precision)
     assert fast.dtype == torch.float32 and fast.format.rounding == precision
     assert "dequantized once" in fast.kernel and "measured fastest" in fast.kernel
     names = list(fast.one_row_seconds)
-    assert len(names) == (4 if precision == "bf16" else 3), names
+    native = precision in lowbit.ONE_ROW_FORMATS and onerow.available()   # llmcore's C kernel
+    assert len(names) == (4 if precision == "bf16" else 3 + native), names
     kept = min(fast.one_row_seconds, key=fast.one_row_seconds.get)
     assert "float32" in kept and f"{precision}-rounded" in kept and kept in fast.one_row_dense
     assert len(fast.one_row_dense) == 2                  # the dense form, plain and packed

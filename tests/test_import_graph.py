@@ -20,7 +20,7 @@ LAYERS = {
     "foundations": ["device", "shapes", "masks", "storage", "timing", "peak_memory", "published",
                     "scalar", "reference", "testing", "tokenizer", "corpus", "batching"],
     "operations": ["softmax", "matmul", "norm", "rope", "attention", "multihead", "ffn", "moe",
-                   "tiled", "backward", "parallel", "sampling", "quantize", "lowbit"],
+                   "tiled", "backward", "parallel", "sampling", "quantize", "onerow", "lowbit"],
     "caches": ["layout", "cache", "kvcache", "prefix", "block_allocator", "paged_batch",
                "paged"],
     "models": ["decoder", "model", "llama", "parameters", "checkpoint", "attention_probe",

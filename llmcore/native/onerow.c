@@ -1,0 +1,136 @@
+/* llmcore's one-row kernels: y = x W for a single row x, each weight read once.
+ *
+ * A decode step at batch 1 multiplies one row by every matrix of the model: a matrix-vector
+ * product, bound by the bytes it reads. These kernels read a matrix stored as (d_out, d_in)
+ * rows of int8 codes, one output at a time, four at once per thread, and ask the CPU to fetch
+ * each row's bytes PREFETCH_AHEAD bytes before they are needed (a single row keeps too few
+ * loads in flight to stream memory at its full rate on its own). Chapter 13.
+ *
+ *   llmcore_w8a8_onerow: int8 codes x int8 activations (AVX-512 VNNI), the activations rounded
+ *       as llmcore.lowbit's "w8a8" rounds one row: codes nearbyint(x / (r / 64)) for r =
+ *       max |x|, sent unsigned (+64); the integer sums are exact.
+ *   llmcore_int8_onerow: int8 codes x bfloat16 activations, float32 sums (AVX-512), the
+ *       "int8" precision's weight-only product.
+ *
+ * Compiled and loaded by llmcore/onerow.py, which checks every operand before a call.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
+#define LANE 64                      /* int8 codes in one 512-bit load */
+
+int llmcore_onerow_version(void) { return 1; }
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {        /* round to nearest, ties to even */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline __mmask64 tail_mask(long k, long end) {
+    long left = end - k;
+    return left >= LANE ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+}
+
+/* out (n_out,) = x (k,) float32 @ W + bias: w (n_out, k) int8 codes, scale (n_out,) float32,
+ * row_sums (n_out,) the sums of each row's codes, bias (n_out,) float32 or NULL. A row of
+ * zeros gives the bias; a row with an inf or a NaN gives NaN. Returns 0, or -1 without
+ * memory for the activations' codes. */
+int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *scale,
+                        const float *bias, const float *x, float *out, long n_out, long k) {
+    float r = 0.f;
+    for (long i = 0; i < k; i++) {
+        float a = fabsf(x[i]);
+        r = (a > r || a != a) ? a : r;
+    }
+    if (!(r < INFINITY)) {
+        for (long n = 0; n < n_out; n++) out[n] = NAN;
+        return 0;
+    }
+    if (r == 0.f) {
+        for (long n = 0; n < n_out; n++) out[n] = bias ? bias[n] : 0.f;
+        return 0;
+    }
+    const float step = (float)((double)r / 64.0);     /* exact: r / 2^6 */
+    const float inverse = 1.f / step;
+    const long padded = (k + LANE - 1) / LANE * LANE;
+    uint8_t *codes = aligned_alloc(LANE, (size_t)padded);
+    if (!codes) return -1;
+    for (long i = 0; i < k; i++) {
+        float c = nearbyintf(x[i] * inverse) + 64.f;
+        codes[i] = (uint8_t)(c < 0.f ? 0.f : (c > 255.f ? 255.f : c));
+    }
+    memset(codes + k, 0, (size_t)(padded - k));
+    const long blocks = (n_out + 3) / 4;
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) {
+        const long n0 = blk * 4, rows = n_out - n0 < 4 ? n_out - n0 : 4;
+        __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
+                          _mm512_setzero_si512(), _mm512_setzero_si512()};
+        const int8_t *row[4];
+        for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < rows ? j : 0)) * k;
+        for (long i = 0; i < padded; i += LANE) {
+            const __mmask64 m = tail_mask(i, k);
+            const __m512i a = _mm512_load_si512((const void *)(codes + i));
+            for (long j = 0; j < 4; j++) {
+                _mm_prefetch((const char *)(row[j] + i + PREFETCH_AHEAD), _MM_HINT_T0);
+                acc[j] = _mm512_dpbusd_epi32(acc[j], a, _mm512_maskz_loadu_epi8(m, row[j] + i));
+            }
+        }
+        for (long j = 0; j < rows; j++) {
+            const long n = n0 + j;
+            const int32_t sum = _mm512_reduce_add_epi32(acc[j]) - 64 * row_sums[n];
+            const float y = (float)sum * (step * scale[n]);
+            out[n] = bias ? y + bias[n] : y;
+        }
+    }
+    free(codes);
+    return 0;
+}
+
+/* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) int8 codes, scale (n_out,)
+ * and bias (n_out,) bfloat16 (bias may be NULL); float32 sums, one rounding to bfloat16.
+ * Returns 0, or -1 without memory for the widened activations. */
+int llmcore_int8_onerow(const int8_t *w, const uint16_t *scale, const uint16_t *bias,
+                        const uint16_t *x, uint16_t *out, long n_out, long k) {
+    const long padded = (k + LANE - 1) / LANE * LANE;
+    float *xf = aligned_alloc(LANE, (size_t)padded * sizeof(float));
+    if (!xf) return -1;
+    for (long i = 0; i < k; i++) xf[i] = bf16_to_float(x[i]);
+    for (long i = k; i < padded; i++) xf[i] = 0.f;
+    #pragma omp parallel for schedule(static)
+    for (long n = 0; n < n_out; n++) {
+        const int8_t *row = w + n * k;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        for (long i = 0; i < padded; i += LANE) {
+            _mm_prefetch((const char *)(row + i + PREFETCH_AHEAD), _MM_HINT_T0);
+            const __m512i v = _mm512_maskz_loadu_epi8(tail_mask(i, k), row + i);
+            const __m128i part[4] = {_mm512_castsi512_si128(v), _mm512_extracti32x4_epi32(v, 1),
+                                     _mm512_extracti32x4_epi32(v, 2),
+                                     _mm512_extracti32x4_epi32(v, 3)};
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part[j])),
+                                         _mm512_load_ps(xf + i + 16 * j), acc[j]);
+        }
+        const float y = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]),
+                                                          _mm512_add_ps(acc[2], acc[3])))
+                        * bf16_to_float(scale[n]);
+        out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
+    }
+    free(xf);
+    return 0;
+}

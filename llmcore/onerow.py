@@ -1,0 +1,261 @@
+"""llmcore's one-row kernels: int8 matrices times one row, in C, for a decode step at batch 1.
+
+A decode step at batch 1 multiplies one row by every matrix of the model, and each product reads
+its whole matrix once: the step is bound by the bytes it reads. PyTorch's int8 kernels fall
+short of that bound for one row on the course's Intel Xeon (2 cores): fbgemm's int8 x int8
+product streamed GPT-2 small's 49 int8 matrices at 16-18 GB/s, the weight-only int8 kernel
+at 10-12 GB/s, while float32's ``addmm`` streamed its four times larger matrices at 30 GB/s.
+A matrix-vector product is a short loop (chapter 1); ``native/onerow.c`` writes it for one
+row of int8 codes at a time, four rows at once per core, and tells the CPU to fetch each
+row's bytes 8 KiB before they are needed, which is what the loop lacked to stream at memory
+speed (the same 49 matrices in 4.7 ms, 26 GB/s, against fbgemm's 6.8 ms, measured together).
+
+* :func:`w8a8_onerow`: the "w8a8" precision's product of one row: the row rounded to integer
+  codes exactly as :func:`llmcore.lowbit.w8a8_matmul` rounds it, integer sums with AVX-512
+  VNNI's int8 dot products; the same float32 numbers as fbgemm's kernel (tested).
+* :func:`int8_onerow`: the "int8" precision's weight-only product of one bfloat16 row (codes
+  widened to float32 as they are read, float32 sums, one rounding to bfloat16).
+
+The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
+a cache folder of the user's (``$XDG_CACHE_HOME/llmcore`` or ``~/.cache/llmcore``, private
+to the user), named by a hash of the source and the flags, and loaded with :mod:`ctypes`;
+its OpenMP threads are PyTorch's own (the same ``libgomp``), so ``torch.set_num_threads``
+holds. Where there is no compiler, the CPU lacks AVX-512 VNNI or the device is not a CPU,
+:func:`available` is False and :func:`unavailable_reason` says why: the fast path then keeps
+PyTorch's kernels. The fast path offers these kernels as one more one-row form and keeps
+whichever streams the model's matrices fastest on the machine
+(:meth:`llmcore.fastpath.FastDecoder.measure_one_row`). Chapter 13.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .quantize import quantize_int8
+
+SOURCE = Path(__file__).with_name("native") / "onerow.c"
+"""The kernels' C source, shipped with the package."""
+
+FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-fopenmp",
+         "-shared", "-fPIC")
+"""How the source is compiled: the instruction sets it uses, named (not ``-march=native``,
+so that one build serves every CPU that has them), and PyTorch's OpenMP."""
+
+VERSION = 1
+"""What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
+
+W8A8_ZERO = 64
+"""The unsigned code of 0 in w8a8's activations (:data:`llmcore.lowbit.W8A8_ZERO`)."""
+
+_POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
+
+
+class W8A8Rows(NamedTuple):
+    """A (d_in, d_out) matrix for the "w8a8" product as :func:`w8a8_onerow` reads it: ``codes``
+    (d_out, d_in) int8 (each output's codes contiguous: one row of the kernel's loop), the
+    ``row_sums`` (d_out,) int32 of those codes (the unsigned activations' zero point is
+    taken back with them), and ``scale`` (d_out,) float32: :func:`llmcore.quantize.quantize_int8`'s
+    codes and scales, the same as every int8 format's."""
+
+    codes: Tensor
+    row_sums: Tensor
+    scale: Tensor
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self)
+
+
+def cache_folder() -> Path:
+    """Where compiled kernels are kept: ``$XDG_CACHE_HOME/llmcore`` (or ``~/.cache/llmcore``),
+    made private to the user (mode 0700)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "llmcore"
+
+
+def compiler() -> str | None:
+    """The C compiler: ``$CC`` if set, else ``cc`` (or ``gcc``) on the PATH; None if none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _private_folder(folder: Path) -> Path:
+    """``folder``, made if missing, owned by this user and closed to others: a shared library
+    loaded from it runs as this user, so no one else may write there."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o022:
+        os.chmod(folder, info.st_mode & ~0o022)
+    return folder
+
+
+def build(cc: str, folder: Path) -> Path:
+    """Compile :data:`SOURCE` with ``cc`` into ``folder`` (once: the file is named by a hash of
+    the source, the flags and the compiler) and return the library's path. Raises
+    RuntimeError with the compiler's message if compiling fails."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), cc.encode()]))
+    target = _private_folder(folder) / f"onerow-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+                                capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"{cc} could not compile {SOURCE.name}: "
+                               f"{(result.stderr or result.stdout).strip()[:800]}")
+        os.replace(built, target)                        # whole, or not at all
+    return target
+
+
+def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
+    library.llmcore_onerow_version.restype = ctypes.c_int
+    library.llmcore_w8a8_onerow.argtypes = [_POINTER] * 6 + [_LONG, _LONG]
+    library.llmcore_w8a8_onerow.restype = ctypes.c_int
+    library.llmcore_int8_onerow.argtypes = [_POINTER] * 5 + [_LONG, _LONG]
+    library.llmcore_int8_onerow.restype = ctypes.c_int
+    return library
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why not): checked once per process."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the kernels are written for x86-64 CPUs, this one is {platform.machine()}"
+    cpu = getattr(torch, "cpu", None)
+    try:
+        vnni = bool(cpu._is_avx512_supported() and cpu._is_vnni_supported())
+    except AttributeError:
+        return None, "this torch cannot say whether the CPU has AVX-512 VNNI"
+    if not vnni:
+        return None, "this CPU has no AVX-512 VNNI (int8 dot products)"
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler: set $CC or install cc (gcc or clang)"
+    try:
+        path = build(cc, cache_folder())
+        library = _declare(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        return None, f"{type(error).__name__}: {error}"
+    if library.llmcore_onerow_version() != VERSION:
+        return None, f"{path} is version {library.llmcore_onerow_version()}, not {VERSION}"
+    return library, ""
+
+
+def available(device: torch.device | str = "cpu") -> bool:
+    """Whether the one-row kernels run on ``device``: a CPU with AVX-512 VNNI, the kernels
+    compiled and loaded (:func:`unavailable_reason` says why not)."""
+    return torch.device(device).type == "cpu" and _load()[0] is not None
+
+
+def unavailable_reason(device: torch.device | str = "cpu") -> str:
+    """Why :func:`available` is False on ``device`` ("" when it is True)."""
+    if torch.device(device).type != "cpu":
+        return f"the one-row kernels run on the CPU, not on {torch.device(device).type}"
+    return _load()[1]
+
+
+def _library() -> ctypes.CDLL:
+    library, why = _load()
+    if library is None:
+        raise RuntimeError(f"llmcore's one-row kernels are not available: {why}")
+    return library
+
+
+def w8a8_rows(weight: Tensor, dtype: torch.dtype = torch.float32) -> W8A8Rows:
+    """weight (d_in, d_out) float32 -> :class:`W8A8Rows`: the codes and scales of
+    :func:`llmcore.quantize.quantize_int8`, one row per output. dtype: the activations',
+    float32 (a parameter so that every format prepares with one signature)."""
+    if dtype != torch.float32:
+        raise ValueError(f"w8a8: the one-row kernel takes float32 activations, got {dtype}")
+    q = quantize_int8(weight.detach().float())
+    codes = q.values.t().contiguous()                                     # (d_out, d_in)
+    return W8A8Rows(codes, codes.sum(dim=1, dtype=torch.int32), q.scale.contiguous())
+
+
+def _check_row(x: Tensor, d_in: int, dtype: torch.dtype, what: str) -> None:
+    """What the C code may read: a (rows, d_in) ``dtype`` matrix in CPU memory, contiguous
+    (the callers make it so)."""
+    if not (isinstance(x, Tensor) and x.is_cpu and x.dtype == dtype and x.dim() == 2
+            and x.shape[1] == d_in and x.is_contiguous()):
+        raise ValueError(f"{what}: expected a contiguous {dtype} matrix (rows, {d_in}) on the "
+                         f"CPU, got {getattr(x, 'dtype', type(x).__name__)} "
+                         f"{tuple(getattr(x, 'shape', ()))} on {getattr(x, 'device', '-')}")
+
+
+def _check_bias(b: Tensor | None, d_out: int, dtype: torch.dtype, what: str) -> None:
+    if b is not None and not (b.is_cpu and b.dtype == dtype and tuple(b.shape) == (d_out,)
+                              and b.is_contiguous()):
+        raise ValueError(f"{what}: expected a bias of shape ({d_out},) {dtype} on the CPU, got "
+                         f"{b.dtype} {tuple(b.shape)} on {b.device}")
+
+
+def w8a8_onerow(x: Tensor, w: W8A8Rows, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) float32 @ the int8 matrix (+ b (d_out,) float32) -> (rows, d_out)
+    float32, each row rounded to integer codes on its own scale as "w8a8" rounds it
+    (:func:`llmcore.lowbit.w8a8_matmul`). One row runs the C kernel; several (a prompt) run
+    ``torch._int_mm`` on the same codes, whose integer sums are the same. Chapter 13."""
+    d_out, d_in = w.codes.shape
+    x = x.contiguous() if isinstance(x, Tensor) else x
+    _check_row(x, d_in, torch.float32, "x")
+    _check_bias(b, d_out, torch.float32, "b")
+    if x.shape[0] != 1:
+        return _w8a8_rows(x, w, b)
+    out = torch.empty(1, d_out, dtype=torch.float32)
+    status = _library().llmcore_w8a8_onerow(
+        w.codes.data_ptr(), w.row_sums.data_ptr(), w.scale.data_ptr(),
+        None if b is None else b.data_ptr(), x.data_ptr(), out.data_ptr(), d_out, d_in)
+    if status:
+        raise MemoryError(f"w8a8_onerow: no memory for {d_in} activation codes")
+    return out
+
+
+def _w8a8_rows(x: Tensor, w: W8A8Rows, b: Tensor | None) -> Tensor:
+    """Several rows: the codes of every row (the C kernel's rounding, in torch), then the
+    exact integer product ``torch._int_mm`` (codes -64..64 fit int8), then each row's step and
+    each column's scale. A row with an inf or a NaN gives NaN, a row of zeros the bias."""
+    r = x.abs().amax(dim=1, keepdim=True)                                  # (rows, 1)
+    step = r * (1 / W8A8_ZERO)                                             # exact: r / 2^6
+    codes = torch.round(x * torch.where(r > 0, 1 / step, 0)).to(torch.int8)
+    sums = torch._int_mm(codes, w.codes.t())                               # (rows, d_out)
+    out = sums.float().mul_(step * w.scale)
+    out = out.masked_fill_(~torch.isfinite(r), float("nan"))
+    return out if b is None else out.add_(b)
+
+
+def int8_onerow(x: Tensor, w, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) bfloat16 @ an :class:`llmcore.lowbit.Int8Linear` (+ b (d_out,)
+    bfloat16) -> (rows, d_out) bfloat16, the weight-only int8 product. One row runs the C
+    kernel (float32 sums, one rounding); several run PyTorch's weight-only int8 kernel on the
+    same codes. Chapter 13."""
+    d_out, d_in = w.values.shape
+    x = x.contiguous() if isinstance(x, Tensor) else x
+    _check_row(x, d_in, torch.bfloat16, "x")
+    _check_bias(b, d_out, torch.bfloat16, "b")
+    if x.shape[0] != 1:
+        out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
+        return out if b is None else out.add_(b)
+    if w.scale.dtype != torch.bfloat16 or not w.values.is_contiguous():
+        raise ValueError(f"w: expected contiguous int8 codes and bfloat16 scales, got "
+                         f"{w.values.dtype} codes and {w.scale.dtype} scales")
+    out = torch.empty(1, d_out, dtype=torch.bfloat16)
+    status = _library().llmcore_int8_onerow(
+        w.values.data_ptr(), w.scale.data_ptr(), None if b is None else b.data_ptr(),
+        x.data_ptr(), out.data_ptr(), d_out, d_in)
+    if status:
+        raise MemoryError(f"int8_onerow: no memory for {d_in} activations")
+    return out

@@ -1,0 +1,212 @@
+"""llmcore's one-row C kernels (llmcore.onerow): w8a8's equals fbgemm's product bit for bit on
+one row and its float64 model on several; int8's is the weight-only product to bfloat16's
+rounding; bad operands are refused before any C code reads them; the kernels are compiled once
+into a private folder, and where they cannot be (no compiler) the fast path keeps PyTorch's;
+the fast path measures them as one more one-row form and gives the same tokens with them."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+import torch
+
+from llmcore import lowbit, onerow
+from llmcore.fastpath import FastStep, fast_model
+from llmcore.lowbit import int8_linear, w8a8_linear, w8a8_matmul
+from test_fastpath_precision import model_of, w8a8_reference
+from test_model import token_ids
+
+needs_kernels = pytest.mark.skipif(not onerow.available(),
+                                   reason=f"one-row kernels: {onerow.unavailable_reason()}")
+
+SHAPES = [(96, 80), (100, 37), (33, 5), (64, 4), (768, 2304)]
+"""(d_in, d_out): d_in a multiple of 64 or not (the kernels' masked tail), d_out of 4 or not."""
+
+
+def rows_of_all_sizes(n: int, d_in: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d_in, generator=g) * torch.logspace(-3, 3, n)[:, None]
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", SHAPES)
+def test_one_row_of_w8a8_equals_fbgemms_product_bit_for_bit(shape):
+    """The same codes (the row's and the weight's), exact integer sums and the same float32
+    operations after them, with and without a bias."""
+    d_in, d_out = shape
+    g = torch.Generator().manual_seed(d_in + d_out)
+    weight, bias = torch.randn(d_in, d_out, generator=g), torch.randn(d_out, generator=g)
+    ours, fbgemms = onerow.w8a8_rows(weight), w8a8_linear(weight)
+    for x in rows_of_all_sizes(6, d_in, seed=d_in).split(1):
+        for b in (None, bias):
+            assert torch.equal(onerow.w8a8_onerow(x, ours, b), w8a8_matmul(x, fbgemms, b))
+
+
+@needs_kernels
+def test_several_rows_of_w8a8_are_the_documented_arithmetic_row_by_row():
+    """A prompt's rows (``torch._int_mm`` on the same codes) against the float64 model of
+    w8a8, and each row equal to itself alone (the C kernel) to float32's last bits; a row of
+    zeros gives the bias."""
+    g = torch.Generator().manual_seed(7)
+    weight, bias = torch.randn(96, 80, generator=g), torch.randn(80, generator=g)
+    x = rows_of_all_sizes(16, 96, seed=3)
+    x[3] = 0
+    w = onerow.w8a8_rows(weight)
+    got = onerow.w8a8_onerow(x, w)
+    alone = torch.cat([onerow.w8a8_onerow(row, w) for row in x.split(1)])
+    want = w8a8_reference(x, weight)
+    scale = want.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+    for product in (got, alone):
+        assert float(((product.double() - want).abs() / scale).max()) < 1e-6
+        assert torch.equal(product[3], torch.zeros(80))
+    torch.testing.assert_close(onerow.w8a8_onerow(x, w, bias), got + bias)
+    torch.testing.assert_close(onerow.w8a8_onerow(x[3:4], w, bias), bias[None])
+    assert w.weight_bytes == 96 * 80 + 4 * 80 + 4 * 80           # codes, row sums, scales
+
+
+@needs_kernels
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_a_row_with_an_inf_or_a_nan_gives_nan_never_a_finite_number(bad):
+    w = onerow.w8a8_rows(torch.randn(40, 12))
+    x = torch.randn(3, 40)
+    x[1, 5] = bad
+    assert torch.isnan(onerow.w8a8_onerow(x[1:2], w)).all()
+    several = onerow.w8a8_onerow(x, w)
+    assert torch.isnan(several[1]).all() and torch.isfinite(several[[0, 2]]).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape", SHAPES[:2] + SHAPES[-1:])
+def test_one_row_of_int8_is_the_weight_only_product_to_bfloat16s_rounding(shape):
+    """float32 sums of the bfloat16 row times the int8 codes, scaled and rounded once to
+    bfloat16: within half a bfloat16 step of the float64 product (+ bias); several rows are
+    PyTorch's kernel on the same codes. d_in a multiple of 16: PyTorch's kernel needs it."""
+    d_in, d_out = shape
+    d_in = d_in // 16 * 16
+    g = torch.Generator().manual_seed(d_out)
+    weight = torch.randn(d_in, d_out, generator=g)
+    bias = torch.randn(d_out, generator=g).bfloat16()
+    w = int8_linear(weight, torch.bfloat16)
+    x = rows_of_all_sizes(4, d_in, seed=d_out).bfloat16()
+    for row in x.split(1):
+        got = onerow.int8_onerow(row, w, bias)
+        want = row.double() @ (w.values.double().t() * w.scale.double()) + bias.double()
+        assert got.dtype == torch.bfloat16
+        assert bool(((got.double() - want).abs() <= 2 ** -8 * want.abs() + 1e-30).all())
+    pytorchs = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale).add_(bias)
+    assert torch.equal(onerow.int8_onerow(x, w, bias), pytorchs)
+
+
+@needs_kernels
+def test_bad_operands_are_refused_before_any_c_code_reads_them():
+    w8, w = onerow.w8a8_rows(torch.randn(8, 16)), int8_linear(torch.randn(16, 8), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"x: expected a contiguous torch.float32 matrix "
+                                         r"\(rows, 8\) on the CPU, got torch.bfloat16 \(1, 8\)"):
+        onerow.w8a8_onerow(torch.ones(1, 8, dtype=torch.bfloat16), w8)
+    with pytest.raises(ValueError, match=r"\(rows, 8\) on the CPU, got torch.float32 \(1, 9\)"):
+        onerow.w8a8_onerow(torch.ones(1, 9), w8)
+    with pytest.raises(ValueError, match=r"on the CPU, got torch.float32 \(1, 8\) on meta"):
+        onerow.w8a8_onerow(torch.ones(1, 8, device="meta"), w8)
+    with pytest.raises(ValueError, match=r"b: expected a bias of shape \(16,\) torch.float32"):
+        onerow.w8a8_onerow(torch.ones(1, 8), w8, torch.ones(8))
+    with pytest.raises(ValueError, match=r"\(rows, 16\) on the CPU, got torch.float32"):
+        onerow.int8_onerow(torch.ones(1, 16), w)
+    with pytest.raises(ValueError, match=r"b: expected a bias of shape \(8,\) torch.bfloat16"):
+        onerow.int8_onerow(torch.ones(1, 16, dtype=torch.bfloat16), w, torch.ones(8))
+    columns = torch.randn(8, 3).t()                  # a row that is not contiguous: copied
+    assert torch.equal(onerow.w8a8_onerow(columns[:1], w8),
+                       onerow.w8a8_onerow(columns[:1].contiguous(), w8))
+    with pytest.raises(ValueError, match="float32 activations, got torch.bfloat16"):
+        onerow.w8a8_rows(torch.randn(8, 16), torch.bfloat16)
+
+
+@needs_kernels
+def test_the_thread_count_does_not_change_a_number():
+    """Each output is one thread's sum in a fixed order, so 1 and 2 threads agree exactly."""
+    w8 = onerow.w8a8_rows(torch.randn(256, 300))
+    w = int8_linear(torch.randn(256, 300), torch.bfloat16)
+    x = torch.randn(1, 256)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w)
+        torch.set_num_threads(2)
+        two = onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+def test_without_a_compiler_the_kernels_say_why_and_the_fast_path_keeps_pytorchs(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    onerow._load.cache_clear()
+    try:
+        assert not onerow.available()
+        assert "no-such-cc" in onerow.unavailable_reason()
+        with pytest.raises(RuntimeError, match="one-row kernels are not available"):
+            onerow.w8a8_onerow(torch.ones(1, 8), onerow.w8a8_rows(torch.randn(8, 4)))
+        fast = fast_model(model_of("gpt"), precision="w8a8")
+        names = [fast.form_name(*form) for form in fast.one_row_forms(fast.format)]
+        assert names == ["PyTorch's int8 x int8 CPU kernel (fbgemm)"]
+    finally:
+        onerow._load.cache_clear()
+    assert not onerow.available("meta") and "not on meta" in onerow.unavailable_reason("meta")
+
+
+@needs_kernels
+def test_the_library_is_compiled_once_into_a_folder_only_its_user_may_write(tmp_path):
+    folder = tmp_path / "llmcore"
+    folder.mkdir(mode=0o777)
+    os.chmod(folder, 0o777)
+    cc = onerow.compiler()
+    first = onerow.build(cc, folder)
+    made = first.stat().st_mtime_ns
+    time.sleep(0.01)
+    assert onerow.build(cc, folder) == first and first.stat().st_mtime_ns == made
+    assert stat.S_IMODE(folder.stat().st_mode) & 0o022 == 0
+    assert [p.name for p in folder.iterdir()] == [first.name]      # no scratch left behind
+
+
+@needs_kernels
+@pytest.mark.parametrize("precision", ["w8a8", "int8"])
+def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, monkeypatch):
+    """One row of a model that streams from memory (the threshold set to 0) measures the C
+    kernel beside PyTorch's; made the only fast one (every other form slowed), it is kept,
+    and its logits over a prompt
+    and three tokens are PyTorch's kernel's: w8a8's to float32's last bits (the prompt's
+    several rows take torch._int_mm, the steps' one row the C kernel), int8's to
+    bfloat16's rounding."""
+    import llmcore.fastpath as fastpath
+    monkeypatch.setattr(fastpath, "PACK_ONE_ROW_ABOVE_BYTES", 0)
+    model = model_of("gpt", seed=4)
+    prompt, follow = token_ids(model.config, 1, 6), token_ids(model.config, 1, 3, seed=5)
+    kept = {}
+    for slow in (lowbit.FORMATS, lowbit.ONE_ROW_FORMATS):
+        fmt = slow[precision]
+
+        def delayed(x, w, b, product=fmt.linear):
+            time.sleep(0.002)
+            return product(x, w, b)
+
+        with monkeypatch.context() as patched:
+            patched.setitem(slow, precision, fmt._replace(linear=delayed))
+            for dense in ("plain_linear", "packed_linear"):          # int8's dense forms
+                patched.setattr(fastpath, dense,
+                                lambda x, w, b, product=getattr(fastpath, dense):
+                                time.sleep(0.002) or product(x, w, b))
+            fast = fast_model(model, precision=precision)
+        assert any("llmcore's one-row" in name for name in fast.one_row_seconds)
+        step = FastStep(fast, model, prompt, 4, None)
+        logits = [step(prompt)] + [step(follow[:, t:t + 1]) for t in range(3)]
+        kept[slow is lowbit.FORMATS] = fast.kernel, torch.stack(logits)
+    c_kernel, pytorchs = kept[True], kept[False]
+    assert c_kernel[0].startswith("llmcore's one-row") and not pytorchs[0].startswith("llmcore")
+    scale = float(pytorchs[1].abs().max())
+    error = float((c_kernel[1] - pytorchs[1]).abs().max()) / scale
+    assert error < (1e-5 if precision == "w8a8" else 0.02), error
+    assert torch.equal(c_kernel[1].argmax(-1), pytorchs[1].argmax(-1))
