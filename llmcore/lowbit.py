@@ -27,9 +27,9 @@ float32's own at large batches (the measurements are at :data:`BF16_DENSE_FROM_B
 :data:`INT_DENSE_FROM_BATCH`). On a CPU that multiplies bfloat16 in hardware
 (:func:`bf16_arithmetic`: AVX512-BF16 or AMX), "bf16" stays bfloat16 at every batch size and
 "int8" and "int4" are dequantized once into bfloat16 and multiplied in bfloat16, the faster
-arithmetic there; the benchmark prints each setting's kernel. For one row, "int8" and "w8a8"
-have a second form, :data:`ONE_ROW_FORMATS`: the same codes multiplied by llmcore's C kernels
-(:mod:`llmcore.onerow`), which the fast path keeps where they measure faster.
+arithmetic there; the benchmark prints each setting's kernel. For one row, "bf16", "int8" and
+"w8a8" have one more form, :data:`ONE_ROW_FORMATS`: the same numbers multiplied by llmcore's C
+kernels (:mod:`llmcore.onerow`), which the fast path keeps where they measure faster.
 
 The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
 the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
@@ -365,17 +365,21 @@ FORMATS = {
 """Every precision of the fast path, one row each (see the module's docstring)."""
 
 ONE_ROW_FORMATS = {
+    "bf16": Format(torch.bfloat16, onerow.bf16_rows, onerow.bf16_onerow,
+                   available=onerow.bf16_available,
+                   kernel="llmcore's one-row bfloat16 kernel (C, AVX512-BF16)"),
     "int8": Format(torch.bfloat16, int8_linear, onerow.int8_onerow, available=onerow.available,
                    kernel="llmcore's one-row int8 kernel (C, AVX-512)"),
     "w8a8": Format(torch.float32, onerow.w8a8_rows, onerow.w8a8_onerow,
                    available=onerow.available,
                    kernel="llmcore's one-row int8 x int8 kernel (C, AVX-512 VNNI)"),
 }
-"""A second form of a precision for one row, where :func:`llmcore.onerow.available`: the same
-codes and scales (and, for "w8a8", the same rounding of the activations and the same
-float32 results), multiplied by :mod:`llmcore.onerow`'s C kernels, which stream a matrix at
-memory speed where PyTorch's int8 kernels fall short of it. The fast path measures it against
-the precision's own form and keeps the faster
+"""One more form of a precision for one row, where its C kernel runs
+(:func:`llmcore.onerow.available`): the same bfloat16 values or int8 codes and scales (and,
+for "w8a8", the same rounding of the activations and the same float32 results), multiplied
+by :mod:`llmcore.onerow`'s C kernels, which stream a matrix at memory speed where PyTorch's
+one-row kernels fall short of it. The fast path measures it against the precision's own
+forms and keeps the fastest
 (:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
 PRECISIONS = tuple(FORMATS)

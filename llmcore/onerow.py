@@ -48,12 +48,14 @@ from .quantize import quantize_int8
 SOURCE = Path(__file__).with_name("native") / "onerow.c"
 """The kernels' C source, shipped with the package."""
 
-FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-fopenmp",
-         "-shared", "-fPIC")
+FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni",
+         "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
 """How the source is compiled: the instruction sets it uses, named (not ``-march=native``,
-so that one build serves every CPU that has them), and PyTorch's OpenMP."""
+so that one build serves every CPU that has them; a kernel runs only where the CPU has its
+own), no fused multiply-adds the source does not write (the same float32 operations as
+fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 1
+VERSION = 2
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 W8A8_ZERO = 64
@@ -128,6 +130,8 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_w8a8_onerow.restype = ctypes.c_int
     library.llmcore_int8_onerow.argtypes = [_POINTER] * 5 + [_LONG, _LONG]
     library.llmcore_int8_onerow.restype = ctypes.c_int
+    library.llmcore_bf16_onerow.argtypes = [_POINTER] * 4 + [_LONG, _LONG]
+    library.llmcore_bf16_onerow.restype = ctypes.c_int
     return library
 
 
@@ -160,6 +164,13 @@ def available(device: torch.device | str = "cpu") -> bool:
     """Whether the one-row kernels run on ``device``: a CPU with AVX-512 VNNI, the kernels
     compiled and loaded (:func:`unavailable_reason` says why not)."""
     return torch.device(device).type == "cpu" and _load()[0] is not None
+
+
+def bf16_available(device: torch.device | str = "cpu") -> bool:
+    """Whether :func:`bf16_onerow` runs on ``device``: :func:`available`, and the CPU has
+    AVX512-BF16's dot products."""
+    cpu = getattr(torch, "cpu", None)
+    return available(device) and bool(getattr(cpu, "_is_avx512_bf16_supported", bool)())
 
 
 def unavailable_reason(device: torch.device | str = "cpu") -> str:
@@ -258,4 +269,31 @@ def int8_onerow(x: Tensor, w, b: Tensor | None = None) -> Tensor:
         x.data_ptr(), out.data_ptr(), d_out, d_in)
     if status:
         raise MemoryError(f"int8_onerow: no memory for {d_in} activations")
+    return out
+
+
+def bf16_rows(weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """weight (d_in, d_out) -> (d_out, d_in) bfloat16, contiguous: each output's weights in one
+    row, as :func:`bf16_onerow` reads them. dtype: the activations', bfloat16."""
+    if dtype != torch.bfloat16:
+        raise ValueError(f"bf16: the one-row kernel takes bfloat16 activations, got {dtype}")
+    return weight.detach().t().to(torch.bfloat16).contiguous()
+
+
+def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
+    bfloat16) -> (rows, d_out) bfloat16. One row runs the C kernel (float32 sums of bfloat16
+    products, one rounding); several run ``F.linear`` on the same matrix. Chapter 13."""
+    d_out, d_in = w.shape
+    x = x.contiguous() if isinstance(x, Tensor) else x
+    _check_row(x, d_in, torch.bfloat16, "x")
+    _check_bias(b, d_out, torch.bfloat16, "b")
+    if x.shape[0] != 1:
+        return torch.nn.functional.linear(x, w, b)
+    if w.dtype != torch.bfloat16 or not w.is_contiguous():
+        raise ValueError(f"w: expected a contiguous bfloat16 (d_out, d_in) matrix, got "
+                         f"{w.dtype}")
+    out = torch.empty(1, d_out, dtype=torch.bfloat16)
+    _library().llmcore_bf16_onerow(w.data_ptr(), None if b is None else b.data_ptr(),
+                                   x.data_ptr(), out.data_ptr(), d_out, d_in)
     return out

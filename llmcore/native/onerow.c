@@ -1,16 +1,19 @@
 /* llmcore's one-row kernels: y = x W for a single row x, each weight read once.
  *
  * A decode step at batch 1 multiplies one row by every matrix of the model: a matrix-vector
- * product, bound by the bytes it reads. These kernels read a matrix stored as (d_out, d_in)
- * rows of int8 codes, one output at a time, four at once per thread, and ask the CPU to fetch
- * each row's bytes PREFETCH_AHEAD bytes before they are needed (a single row keeps too few
- * loads in flight to stream memory at its full rate on its own). Chapter 13.
+ * product, bound by the bytes it reads. These kernels read a matrix stored as (d_out, d_in):
+ * each output's weights in one row (int8 codes or bfloat16 values), its sum over that row,
+ * the outputs shared among the threads, and they ask the CPU to fetch each row's bytes
+ * PREFETCH_AHEAD bytes before they are needed (a loop over one row keeps too few loads in
+ * flight to stream memory at its full rate on its own). Chapter 13.
  *
  *   llmcore_w8a8_onerow: int8 codes x int8 activations (AVX-512 VNNI), the activations rounded
  *       as llmcore.lowbit's "w8a8" rounds one row: codes nearbyint(x / (r / 64)) for r =
  *       max |x|, sent unsigned (+64); the integer sums are exact.
  *   llmcore_int8_onerow: int8 codes x bfloat16 activations, float32 sums (AVX-512), the
  *       "int8" precision's weight-only product.
+ *   llmcore_bf16_onerow: bfloat16 weights x bfloat16 activations, float32 sums (AVX512-BF16),
+ *       the "bf16" precision's product.
  *
  * Compiled and loaded by llmcore/onerow.py, which checks every operand before a call.
  */
@@ -23,7 +26,7 @@
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 1; }
+int llmcore_onerow_version(void) { return 2; }
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -98,6 +101,38 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
         }
     }
     free(codes);
+    return 0;
+}
+
+/* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) bfloat16, bias (n_out,)
+ * bfloat16 or NULL. AVX512-BF16's dot product multiplies pairs of bfloat16 and adds them to
+ * float32 sums (inputs and results below float32's normal range count as zero); one rounding
+ * to bfloat16 at the end. */
+int llmcore_bf16_onerow(const uint16_t *w, const uint16_t *bias, const uint16_t *x,
+                        uint16_t *out, long n_out, long k) {
+    const long half = LANE / 2;                       /* bfloat16 values in one load */
+    const long blocks = (n_out + 3) / 4;
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) {
+        const long n0 = blk * 4, rows = n_out - n0 < 4 ? n_out - n0 : 4;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        const uint16_t *row[4];
+        for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < rows ? j : 0)) * k;
+        for (long i = 0; i < k; i += half) {
+            const __mmask32 m = k - i >= half ? ~(__mmask32)0 : (((__mmask32)1 << (k - i)) - 1);
+            const __m512bh a = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
+            for (long j = 0; j < 4; j++) {
+                _mm_prefetch((const char *)(row[j] + i) + PREFETCH_AHEAD, _MM_HINT_T0);
+                acc[j] = _mm512_dpbf16_ps(acc[j], a,
+                                          (__m512bh)_mm512_maskz_loadu_epi16(m, row[j] + i));
+            }
+        }
+        for (long j = 0; j < rows; j++) {
+            const float y = _mm512_reduce_add_ps(acc[j]);
+            out[n0 + j] = float_to_bf16(bias ? y + bf16_to_float(bias[n0 + j]) : y);
+        }
+    }
     return 0;
 }
 
