@@ -103,6 +103,24 @@ def test_the_profile_finds_every_product_of_a_step_in_every_precision():
         assert 0 < row["product_seconds"] < row["profiled_step_seconds"], row["precision"]
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int8", "w8a8"])
+def test_the_profile_finds_llmcores_c_kernels_too(precision, monkeypatch):
+    """A ctypes call is invisible to torch.profiler: llmcore.onerow records each of its C
+    kernels' calls under its own name while a profiler runs, and the bench counts them."""
+    from llmcore import lowbit
+    c_form = lowbit.ONE_ROW_FORMATS[precision]
+    if not c_form.available(torch.device("cpu")):
+        pytest.skip(f"no one-row C kernel for {precision} here")
+    monkeypatch.setitem(lowbit.FORMATS, precision, c_form._replace(dense_from=None))
+    monkeypatch.setattr("llmcore.fastpath.DENSE_BF16_WHEN_CACHED", False)   # bf16's own
+    model = fast.GPT(fast.TINY)
+    row, = fast.precision_rows(model, 1e10, precisions=[precision], batch=1, context=4,
+                               sizes=fast.QUICK, split=True)
+    assert row["kernel"].startswith("llmcore's one-row")
+    assert row["products"] == 4 * fast.TINY.n_layers + 1
+    assert 0 < row["product_seconds"] < row["profiled_step_seconds"]
+
+
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (dev extra)")
 def test_the_int8_peer_quantizes_every_matrix_and_keeps_the_logits_near(tmp_path):
     model = fast.GPT(fast.TINY, seed=0).eval()

@@ -430,10 +430,12 @@ def llama_and_peers(shape: dict, device: torch.device):
 
 PRODUCT_OPS = frozenset({
     "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
-    "aten::_weight_int4pack_mm_for_cpu",
-    "quantized::linear_with_input_q_dq_qweight_dq_output_fp32"})
+    "aten::_weight_int4pack_mm_for_cpu", "aten::_int_mm",
+    "quantized::linear_with_input_q_dq_qweight_dq_output_fp32",
+    "llmcore::bf16_onerow", "llmcore::int8_onerow", "llmcore::w8a8_onerow"})
 """The profiler's names of the fast path's matrix products (one per precision's kernel; none
-calls another), whose time :func:`product_seconds` adds up."""
+calls another), whose time :func:`product_seconds` adds up; ``llmcore::`` names are
+:mod:`llmcore.onerow`'s C kernels, which it records while a profiler runs."""
 
 PROFILED_STEPS = 5
 
