@@ -15,8 +15,9 @@
   activations to int8 too, as w8a8 does; weight-only int8 is held to the same goal against
   it, issue 33's "int8 and w8a8 against quantize_dynamic"; int4: no peer), and each decode
   step against its own weight-read bound. A goal against transformers not held in the run
-  is followed by its profile: the peer's time a step over the fast path's products alone. Tokens in fewer bits may differ from float32's:
-  the share of sequences that agree is printed, never required. Each precision's weights are
+  is followed by its profile: the peer's time a step over the fast path's products alone.
+  Tokens in fewer bits may differ from float32's: the share of sequences that agree is
+  printed, never required. Each precision's weights are
   prepared once per batch size (``llmcore.fastpath.FastModels``), as transformers' peers are
   loaded and quantized once: the preparation time is printed apart from the generation's,
   and so is each row's kernel, the arithmetic it does at that batch size (on the CPU the
