@@ -57,7 +57,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 2
+VERSION = 3
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 W8A8_ZERO = 64
@@ -134,6 +134,10 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_int8_onerow.restype = ctypes.c_int
     library.llmcore_bf16_onerow.argtypes = [_POINTER] * 4 + [_LONG, _LONG]
     library.llmcore_bf16_onerow.restype = ctypes.c_int
+    library.llmcore_w8a8_round_rows.argtypes = [_POINTER] * 3 + [_LONG, _LONG]
+    library.llmcore_w8a8_round_rows.restype = None
+    library.llmcore_w8a8_scale_rows.argtypes = [_POINTER] * 5 + [_LONG, _LONG]
+    library.llmcore_w8a8_scale_rows.restype = None
     return library
 
 
@@ -245,16 +249,24 @@ def w8a8_onerow(x: Tensor, w: W8A8Rows, b: Tensor | None = None) -> Tensor:
 
 
 def _w8a8_rows(x: Tensor, w: W8A8Rows, b: Tensor | None) -> Tensor:
-    """Several rows: the codes of every row (the C kernel's rounding, in torch), then the
-    exact integer product ``torch._int_mm`` (codes -64..64 fit int8), then each row's step and
-    each column's scale. A row with an inf or a NaN gives NaN, a row of zeros the bias."""
-    r = x.abs().amax(dim=1, keepdim=True)                                  # (rows, 1)
-    step = r * (1 / W8A8_ZERO)                                             # exact: r / 2^6
-    codes = torch.round(x * torch.where(r > 0, 1 / step, 0)).to(torch.int8)
-    sums = torch._int_mm(codes, w.codes.t())                               # (rows, d_out)
-    out = sums.float().mul_(step * w.scale)
-    out = out.masked_fill_(~torch.isfinite(r), float("nan"))
-    return out if b is None else out.add_(b)
+    """Several rows: each rounded to its codes in C (the one-row kernel's rounding), the exact
+    integer product ``torch._int_mm`` (oneDNN's; codes -64..64 fit int8), then in C each row's
+    step and each column's scale, the one-row kernel's float32 operations: a row gives the
+    same numbers alone and in a batch. A row with an inf or a NaN gives NaN, a row of zeros
+    the bias."""
+    rows, d_in = x.shape
+    d_out = w.codes.shape[0]
+    codes = torch.empty(rows, d_in, dtype=torch.int8)
+    steps = torch.empty(rows, dtype=torch.float32)
+    library = _library()
+    library.llmcore_w8a8_round_rows(x.data_ptr(), codes.data_ptr(), steps.data_ptr(), rows,
+                                    d_in)
+    sums = torch._int_mm(codes, w.codes.t()).contiguous()                # (rows, d_out)
+    out = torch.empty(rows, d_out, dtype=torch.float32)
+    library.llmcore_w8a8_scale_rows(sums.data_ptr(), steps.data_ptr(), w.scale.data_ptr(),
+                                    None if b is None else b.data_ptr(), out.data_ptr(), rows,
+                                    d_out)
+    return out
 
 
 def int8_onerow(x: Tensor, w, b: Tensor | None = None) -> Tensor:

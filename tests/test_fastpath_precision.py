@@ -359,8 +359,9 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch
                                                                      multiplies_bf16):
     """On the CPU a weight-only precision serves large batches dense (its rounded weights in
     float32, float32 products: lowbit.dense), but on a CPU that multiplies bfloat16 in hardware
-    bf16 stays bfloat16 and int8 and int4 are dense in bfloat16; w8a8 and fp32 never change;
-    nor does any precision on another device."""
+    bf16 stays bfloat16 and int8 and int4 are dense in bfloat16; fp32 never changes, w8a8
+    from 2 rows on only to its MANY_ROW_FORMATS form (the same arithmetic), where llmcore's
+    C kernels run; no precision changes on another device."""
     from llmcore import lowbit
     from llmcore.lowbit import (BF16_DENSE_FROM_BATCH, FORMATS, INT_DENSE_FROM_BATCH,
                                 format_of)
@@ -379,8 +380,11 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch
         assert (fmt.dtype, fmt.rounding, fmt.prepare) == (arithmetic, precision, None)
         assert "dequantized once" in fmt.kernel
         assert format_of(precision, meta, 16) is FORMATS[precision]
-    for precision in ("fp32", "w8a8"):
-        assert format_of(precision, cpu, 64) is FORMATS[precision]
+    assert format_of("fp32", cpu, 64) is FORMATS["fp32"]
+    many = (lowbit.MANY_ROW_FORMATS["w8a8"] if lowbit.MANY_ROW_FORMATS["w8a8"].available(cpu)
+            else FORMATS["w8a8"])                       # llmcore's C rounding where it runs
+    assert format_of("w8a8", cpu, 1) is FORMATS["w8a8"]
+    assert all(format_of("w8a8", cpu, b) is many for b in (2, 16, 64))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])

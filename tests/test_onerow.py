@@ -47,9 +47,9 @@ def test_one_row_of_w8a8_equals_fbgemms_product_bit_for_bit(shape):
 
 @needs_kernels
 def test_several_rows_of_w8a8_are_the_documented_arithmetic_row_by_row():
-    """A prompt's rows (``torch._int_mm`` on the same codes) against the float64 model of
-    w8a8, and each row equal to itself alone (the C kernel) to float32's last bits; a row of
-    zeros gives the bias."""
+    """A prompt's rows (rounded in C, ``torch._int_mm`` on the codes, scaled in C) against the
+    float64 model of w8a8, and each row equal to itself alone (the one-row C kernel), bit for
+    bit; a row of zeros gives the bias."""
     g = torch.Generator().manual_seed(7)
     weight, bias = torch.randn(96, 80, generator=g), torch.randn(80, generator=g)
     x = rows_of_all_sizes(16, 96, seed=3)
@@ -62,6 +62,7 @@ def test_several_rows_of_w8a8_are_the_documented_arithmetic_row_by_row():
     for product in (got, alone):
         assert float(((product.double() - want).abs() / scale).max()) < 1e-6
         assert torch.equal(product[3], torch.zeros(80))
+    assert torch.equal(alone, got)                 # the same float32 operations
     torch.testing.assert_close(onerow.w8a8_onerow(x, w, bias), got + bias)
     torch.testing.assert_close(onerow.w8a8_onerow(x[3:4], w, bias), bias[None])
     assert w.weight_bytes == 96 * 80 + 4 * 80 + 4 * 80           # codes, row sums, scales
@@ -248,3 +249,23 @@ def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, mo
     error = float((c_kernel[1] - pytorchs[1]).abs().max()) / scale
     assert error < (1e-5 if precision == "w8a8" else 0.03), error
     assert torch.equal(c_kernel[1].argmax(-1), pytorchs[1].argmax(-1))
+
+
+@needs_kernels
+def test_a_batch_in_w8a8_rounds_its_rows_in_c_and_keeps_fbgemms_numbers(monkeypatch):
+    """From 2 rows on, w8a8 on the CPU is lowbit.MANY_ROW_FORMATS' form (rows rounded in C,
+    torch._int_mm, rows scaled in C), and its logits are fbgemm's to float32's last bits."""
+    model = model_of("gpt", seed=6)
+    prompt, follow = token_ids(model.config, 3, 5), token_ids(model.config, 3, 3, seed=2)
+
+    def logits(fast):
+        step = FastStep(fast, model, prompt, 3, None)
+        return torch.stack([step(prompt)] + [step(follow[:, t:t + 1]) for t in range(2)])
+
+    ours = fast_model(model, batch_size=3, precision="w8a8")
+    assert ours.kernel.startswith("llmcore's rounding of each row (C)")
+    monkeypatch.delitem(lowbit.MANY_ROW_FORMATS, "w8a8")
+    fbgemms = fast_model(model, batch_size=3, precision="w8a8")
+    assert "fbgemm" in fbgemms.kernel
+    got, want = logits(ours), logits(fbgemms)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5

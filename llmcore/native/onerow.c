@@ -26,7 +26,7 @@
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 2; }
+int llmcore_onerow_version(void) { return 3; }
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -102,6 +102,65 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
     }
     free(codes);
     return 0;
+}
+
+/* Several rows, w8a8 (a prompt, or a batch): each row of x (m, k) float32 rounded as
+ * llmcore_w8a8_onerow rounds it, into codes (m, k) int8 (-64..64, signed: the integer product
+ * is torch._int_mm's) and steps (m,) float32 (r / 64; 0 for a row of zeros, NaN for a row
+ * with an inf or a NaN, whose outputs are then NaN). */
+void llmcore_w8a8_round_rows(const float *x, int8_t *codes, float *steps, long m, long k) {
+    #pragma omp parallel for schedule(static)
+    for (long row = 0; row < m; row++) {
+        const float *xr = x + row * k;
+        int8_t *cr = codes + row * k;
+        __m512 most = _mm512_setzero_ps();
+        __mmask16 unordered = 0;                               /* a NaN seen */
+        for (long i = 0; i < k; i += 16) {
+            const __mmask16 t = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
+            const __m512 v = _mm512_maskz_loadu_ps(t, xr + i);
+            unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            most = _mm512_max_ps(most, _mm512_abs_ps(v));
+        }
+        const float r = _mm512_reduce_max_ps(most);
+        if (unordered || !(r < INFINITY) || r == 0.f) {
+            memset(cr, 0, (size_t)k);
+            steps[row] = (r == 0.f && !unordered) ? 0.f : NAN;
+            continue;
+        }
+        const float step = (float)((double)r / 64.0);
+        const __m512 inverse = _mm512_set1_ps(1.f / step);
+        for (long i = 0; i < k; i += 16) {
+            const __mmask16 t = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
+            const __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(t, xr + i), inverse);
+            const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+                scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm512_mask_cvtsepi32_storeu_epi8(cr + i, t, c);
+        }
+        steps[row] = step;
+    }
+}
+
+/* out (m, n) float32 = sums (m, n) int32 * (steps[i] * scale[j]) + bias[j] (bias may be
+ * NULL): the float32 operations llmcore_w8a8_onerow does after its integer sums (a product,
+ * then the bias added: no fused multiply-add), so that a row gives the same numbers alone
+ * and in a batch. */
+void llmcore_w8a8_scale_rows(const int32_t *sums, const float *steps, const float *scale,
+                             const float *bias, float *out, long m, long n) {
+    const long chunk = 1024;                              /* columns a thread takes at once */
+    const long chunks = (n + chunk - 1) / chunk;
+    #pragma omp parallel for schedule(static)
+    for (long job = 0; job < m * chunks; job++) {
+        const long row = job / chunks, j0 = (job % chunks) * chunk;
+        const long j1 = j0 + chunk < n ? j0 + chunk : n;
+        const __m512 step = _mm512_set1_ps(steps[row]);
+        for (long j = j0; j < j1; j += 16) {
+            const __mmask16 t = j1 - j >= 16 ? 0xffff : (__mmask16)((1u << (j1 - j)) - 1);
+            const __m512 s = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(t, sums + row * n + j));
+            __m512 y = _mm512_mul_ps(s, _mm512_mul_ps(step, _mm512_maskz_loadu_ps(t, scale + j)));
+            if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, bias + j));
+            _mm512_mask_storeu_ps(out + row * n + j, t, y);
+        }
+    }
 }
 
 /* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) bfloat16, bias (n_out,)
