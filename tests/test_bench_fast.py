@@ -203,3 +203,21 @@ def test_each_precision_is_held_against_its_peer_and_a_goal_not_held_shows_its_p
                 assert float(re.search(r": ([\d.]+)x$", lines[at[0] + 1]).group(1)) > 0
             else:
                 assert not any(line.startswith(profile) for line in lines)
+
+
+def test_a_goal_against_fp32_prints_the_read_rate_it_needs():
+    """Under each goal against fp32 the profile prints the ratio of the products' read rates
+    and the least one that goal needs: goal / (fp32's bytes / the precision's bytes), since
+    the rest of a step adds to both."""
+    out = io.StringIO()
+    model = fast.GPT(fast.TINY, seed=0)
+    fast.precision_bounds(out, "GPT-2 small", model, 1e10, fast.QUICK, checked=False)
+    report = out.getvalue()
+    rows = {row["precision"]: row for row in fast.precision_rows(model, 1e10, sizes=fast.QUICK)}
+    for p, goal in (("bf16", 2.0), ("w8a8", 3.0), ("int4", 3.0)):
+        fewer = rows["fp32"]["weight_bytes"] / rows[p]["weight_bytes"]
+        line = re.search(rf"^ratio GPT-2 small batch 1, {p}'s products' bytes a second / "
+                         rf"fp32's, profiled \(its goal of {goal:g}x needs more than "
+                         rf"{goal / fewer:.2f}x: fp32 reads {fewer:.2f}x its bytes.*: "
+                         r"([\d.]+)x$", report, re.M)
+        assert line and float(line.group(1)) > 0, (p, report)

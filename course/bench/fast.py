@@ -599,6 +599,13 @@ def precision_bounds(out: TextIO, label: str, model: GPT, bandwidth: float, size
         write_ratio(out, f"{label} batch 1, fp32 step / {p}'s products alone (the most "
                          f"{p} / fp32 can reach with every other op free; its goal is "
                          f"{goal:g}x)", fp32["step_seconds"] / row["product_seconds"])
+        fewer = fp32["weight_bytes"] / row["weight_bytes"]        # and the rest of a step
+        write_ratio(out, f"{label} batch 1, {p}'s products' bytes a second / fp32's, "
+                         f"profiled (its goal of {goal:g}x needs more than {goal / fewer:.2f}x: "
+                         f"fp32 reads {fewer:.2f}x its bytes, and the rest of the step adds "
+                         f"to both)",
+                    (row["weight_bytes"] / row["product_seconds"])
+                    / (fp32["weight_bytes"] / fp32["product_seconds"]))
         own = row["own_arithmetic_seconds"]
         if own and fp32["one_row_seconds"]:
             form = min(own, key=own.get)
