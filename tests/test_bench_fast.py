@@ -4,6 +4,7 @@ and it reports every ratio with what it compares. Timings are never asserted."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import re
@@ -221,3 +222,22 @@ def test_a_goal_against_fp32_prints_the_read_rate_it_needs():
                          rf"{goal / fewer:.2f}x: fp32 reads {fewer:.2f}x its bytes.*: "
                          r"([\d.]+)x$", report, re.M)
         assert line and float(line.group(1)) > 0, (p, report)
+
+
+def test_a_bound_measures_the_bandwidth_in_turn_with_the_step():
+    """Given a meter, the step's repeats and the copies alternate (step, copy, step, copy...),
+    and the best of each is kept; given a number, that number is the bandwidth."""
+    calls, rates = [], iter([3e10, 5e10, 4e10, 2e10, 1e10, 4.5e10, 3.5e10])
+
+    def step():
+        calls.append("step")
+
+    def meter(repeats=1):
+        calls.append("copy")
+        return next(rates)
+
+    sizes = dataclasses.replace(fast.FULL, min_seconds=1e-4)
+    seconds, rate = fast.step_and_bandwidth(step, meter, sizes)
+    kinds = [kind for i, kind in enumerate(calls) if i == 0 or calls[i - 1] != kind]
+    assert kinds == ["step", "copy"] * 7 and rate == 5e10 and 0 < seconds < 1e-3
+    assert fast.step_and_bandwidth(step, 2.5e10, fast.QUICK)[1] == 2.5e10
