@@ -48,35 +48,54 @@ static inline __mmask64 tail_mask(long k, long end) {
     return left >= LANE ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
 }
 
+static inline __mmask16 tail_mask16(long i, long end) {
+    return end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1);
+}
+
+/* w8a8's step for one row x (k,): r / 64 for r = max |x| (exact: r / 2^6), 0 for a row of
+ * zeros, NaN for a row with an inf or a NaN. */
+static float w8a8_step(const float *x, long k) {
+    __m512 most = _mm512_setzero_ps();
+    __mmask16 unordered = 0;                                   /* a NaN seen */
+    for (long i = 0; i < k; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(tail_mask16(i, k), x + i);
+        unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        most = _mm512_max_ps(most, _mm512_abs_ps(v));
+    }
+    const float r = _mm512_reduce_max_ps(most);
+    return (unordered || !(r < INFINITY)) ? NAN : (float)((double)r / 64.0);
+}
+
+/* codes (k,) int8 = nearbyint(x / step), -64..64, for a step > 0 of w8a8_step: x times the
+ * step's inverse, rounded to nearest even (fbgemm's rounding). */
+static void w8a8_round(const float *x, long k, float step, int8_t *codes) {
+    const __m512 inverse = _mm512_set1_ps(1.f / step);
+    for (long i = 0; i < k; i += 16) {
+        const __mmask16 t = tail_mask16(i, k);
+        const __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(t, x + i), inverse);
+        const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+            scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_mask_cvtsepi32_storeu_epi8(codes + i, t, c);
+    }
+}
+
 /* out (n_out,) = x (k,) float32 @ W + bias: w (n_out, k) int8 codes, scale (n_out,) float32,
  * row_sums (n_out,) the sums of each row's codes, bias (n_out,) float32 or NULL. A row of
  * zeros gives the bias; a row with an inf or a NaN gives NaN. Returns 0, or -1 without
  * memory for the activations' codes. */
 int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *scale,
                         const float *bias, const float *x, float *out, long n_out, long k) {
-    float r = 0.f;
-    for (long i = 0; i < k; i++) {
-        float a = fabsf(x[i]);
-        r = (a > r || a != a) ? a : r;
-    }
-    if (!(r < INFINITY)) {
-        for (long n = 0; n < n_out; n++) out[n] = NAN;
+    const float step = w8a8_step(x, k);
+    if (!(step > 0.f)) {                               /* NaN: an inf or a NaN; 0: zeros */
+        for (long n = 0; n < n_out; n++) out[n] = step == 0.f ? (bias ? bias[n] : 0.f) : NAN;
         return 0;
     }
-    if (r == 0.f) {
-        for (long n = 0; n < n_out; n++) out[n] = bias ? bias[n] : 0.f;
-        return 0;
-    }
-    const float step = (float)((double)r / 64.0);     /* exact: r / 2^6 */
-    const float inverse = 1.f / step;
     const long padded = (k + LANE - 1) / LANE * LANE;
-    uint8_t *codes = aligned_alloc(LANE, (size_t)padded);
+    int8_t *codes = aligned_alloc(LANE, (size_t)padded);
     if (!codes) return -1;
-    for (long i = 0; i < k; i++) {
-        float c = nearbyintf(x[i] * inverse) + 64.f;
-        codes[i] = (uint8_t)(c < 0.f ? 0.f : (c > 255.f ? 255.f : c));
-    }
+    w8a8_round(x, k, step, codes);
     memset(codes + k, 0, (size_t)(padded - k));
+    const __m512i offset = _mm512_set1_epi8(64);  /* VNNI multiplies unsigned codes: +64 */
     const long blocks = (n_out + 3) / 4;
     #pragma omp parallel for schedule(static)
     for (long blk = 0; blk < blocks; blk++) {
@@ -87,7 +106,8 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
         for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < rows ? j : 0)) * k;
         for (long i = 0; i < padded; i += LANE) {
             const __mmask64 m = tail_mask(i, k);
-            const __m512i a = _mm512_load_si512((const void *)(codes + i));
+            const __m512i a = _mm512_add_epi8(_mm512_load_si512((const void *)(codes + i)),
+                                              offset);
             for (long j = 0; j < 4; j++) {
                 _mm_prefetch((const char *)(row[j] + i + PREFETCH_AHEAD), _MM_HINT_T0);
                 acc[j] = _mm512_dpbusd_epi32(acc[j], a, _mm512_maskz_loadu_epi8(m, row[j] + i));
@@ -111,31 +131,11 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
 void llmcore_w8a8_round_rows(const float *x, int8_t *codes, float *steps, long m, long k) {
     #pragma omp parallel for schedule(static)
     for (long row = 0; row < m; row++) {
-        const float *xr = x + row * k;
-        int8_t *cr = codes + row * k;
-        __m512 most = _mm512_setzero_ps();
-        __mmask16 unordered = 0;                               /* a NaN seen */
-        for (long i = 0; i < k; i += 16) {
-            const __mmask16 t = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
-            const __m512 v = _mm512_maskz_loadu_ps(t, xr + i);
-            unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            most = _mm512_max_ps(most, _mm512_abs_ps(v));
-        }
-        const float r = _mm512_reduce_max_ps(most);
-        if (unordered || !(r < INFINITY) || r == 0.f) {
-            memset(cr, 0, (size_t)k);
-            steps[row] = (r == 0.f && !unordered) ? 0.f : NAN;
-            continue;
-        }
-        const float step = (float)((double)r / 64.0);
-        const __m512 inverse = _mm512_set1_ps(1.f / step);
-        for (long i = 0; i < k; i += 16) {
-            const __mmask16 t = k - i >= 16 ? 0xffff : (__mmask16)((1u << (k - i)) - 1);
-            const __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(t, xr + i), inverse);
-            const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(
-                scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            _mm512_mask_cvtsepi32_storeu_epi8(cr + i, t, c);
-        }
+        const float step = w8a8_step(x + row * k, k);
+        if (step > 0.f)
+            w8a8_round(x + row * k, k, step, codes + row * k);
+        else                                            /* zeros, or an inf or a NaN */
+            memset(codes + row * k, 0, (size_t)k);
         steps[row] = step;
     }
 }
@@ -154,7 +154,7 @@ void llmcore_w8a8_scale_rows(const int32_t *sums, const float *steps, const floa
         const long j1 = j0 + chunk < n ? j0 + chunk : n;
         const __m512 step = _mm512_set1_ps(steps[row]);
         for (long j = j0; j < j1; j += 16) {
-            const __mmask16 t = j1 - j >= 16 ? 0xffff : (__mmask16)((1u << (j1 - j)) - 1);
+            const __mmask16 t = tail_mask16(j, j1);
             const __m512 s = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(t, sums + row * n + j));
             __m512 y = _mm512_mul_ps(s, _mm512_mul_ps(step, _mm512_maskz_loadu_ps(t, scale + j)));
             if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, bias + j));
