@@ -383,10 +383,9 @@ forms and keeps the fastest
 (:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
 MANY_ROW_FORMATS = {
-    "w8a8": Format(torch.float32, onerow.w8a8_rows, onerow.w8a8_onerow,
-                   available=onerow.available,
-                   kernel="llmcore's rounding of each row (C) and oneDNN's int8 x int8 product "
-                          "(torch._int_mm)"),
+    "w8a8": ONE_ROW_FORMATS["w8a8"]._replace(
+        kernel="llmcore's rounding of each row (C) and oneDNN's int8 x int8 product "
+               "(torch._int_mm)"),
 }
 """How a precision serves two rows or more on the CPU where :mod:`llmcore.onerow` runs (see
 :func:`format_of`): "w8a8" rounds each row in one pass in C and multiplies the codes with

@@ -60,9 +60,6 @@ fbgemm), and PyTorch's OpenMP."""
 VERSION = 3
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
-W8A8_ZERO = 64
-"""The unsigned code of 0 in w8a8's activations (:data:`llmcore.lowbit.W8A8_ZERO`)."""
-
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
 
 
@@ -210,14 +207,17 @@ def w8a8_rows(weight: Tensor, dtype: torch.dtype = torch.float32) -> W8A8Rows:
     return W8A8Rows(codes, codes.sum(dim=1, dtype=torch.int32), q.scale.contiguous())
 
 
-def _check_row(x: Tensor, d_in: int, dtype: torch.dtype, what: str) -> None:
-    """What the C code may read: a (rows, d_in) ``dtype`` matrix in CPU memory, contiguous
-    (the callers make it so)."""
+def _checked_row(x: Tensor, d_in: int, dtype: torch.dtype, what: str) -> Tensor:
+    """x made contiguous (a copy only if it is not), once it is what the C code may read: a
+    (rows, d_in) ``dtype`` matrix in CPU memory."""
+    if isinstance(x, Tensor):
+        x = x.contiguous()
     if not (isinstance(x, Tensor) and x.is_cpu and x.dtype == dtype and x.dim() == 2
-            and x.shape[1] == d_in and x.is_contiguous()):
+            and x.shape[1] == d_in):
         raise ValueError(f"{what}: expected a contiguous {dtype} matrix (rows, {d_in}) on the "
                          f"CPU, got {getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))} on {getattr(x, 'device', '-')}")
+    return x
 
 
 def _check_bias(b: Tensor | None, d_out: int, dtype: torch.dtype, what: str) -> None:
@@ -233,8 +233,7 @@ def w8a8_onerow(x: Tensor, w: W8A8Rows, b: Tensor | None = None) -> Tensor:
     (:func:`llmcore.lowbit.w8a8_matmul`). One row runs the C kernel; several (a prompt) run
     ``torch._int_mm`` on the same codes, whose integer sums are the same. Chapter 13."""
     d_out, d_in = w.codes.shape
-    x = x.contiguous() if isinstance(x, Tensor) else x
-    _check_row(x, d_in, torch.float32, "x")
+    x = _checked_row(x, d_in, torch.float32, "x")
     _check_bias(b, d_out, torch.float32, "b")
     if x.shape[0] != 1:
         return _w8a8_rows(x, w, b)
@@ -275,8 +274,7 @@ def int8_onerow(x: Tensor, w, b: Tensor | None = None) -> Tensor:
     kernel (float32 sums, one rounding); several run PyTorch's weight-only int8 kernel on the
     same codes. Chapter 13."""
     d_out, d_in = w.values.shape
-    x = x.contiguous() if isinstance(x, Tensor) else x
-    _check_row(x, d_in, torch.bfloat16, "x")
+    x = _checked_row(x, d_in, torch.bfloat16, "x")
     _check_bias(b, d_out, torch.bfloat16, "b")
     if x.shape[0] != 1:
         out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
@@ -307,8 +305,7 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     bfloat16) -> (rows, d_out) bfloat16. One row runs the C kernel (float32 sums of bfloat16
     products, one rounding); several run ``F.linear`` on the same matrix. Chapter 13."""
     d_out, d_in = w.shape
-    x = x.contiguous() if isinstance(x, Tensor) else x
-    _check_row(x, d_in, torch.bfloat16, "x")
+    x = _checked_row(x, d_in, torch.bfloat16, "x")
     _check_bias(b, d_out, torch.bfloat16, "b")
     if x.shape[0] != 1:
         return torch.nn.functional.linear(x, w, b)
