@@ -171,6 +171,8 @@ class FastDecoder:
         self.format = fmt
         if fmt.head is None:
             self.head_format = fmt
+        elif isinstance(fmt.head, Format):          # a one-row form names its head's form
+            self.head_format = fmt.head
         elif fmt.rounding is not None:           # a dense form's head is dense too
             self.head_format = dense(fmt.head, fmt.dtype)
         else:

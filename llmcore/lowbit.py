@@ -27,9 +27,10 @@ float32's own at large batches (the measurements are at :data:`BF16_DENSE_FROM_B
 :data:`INT_DENSE_FROM_BATCH`). On a CPU that multiplies bfloat16 in hardware
 (:func:`bf16_arithmetic`: AVX512-BF16 or AMX), "bf16" stays bfloat16 at every batch size and
 "int8" and "int4" are dequantized once into bfloat16 and multiplied in bfloat16, the faster
-arithmetic there; the benchmark prints each setting's kernel. For one row, "bf16", "int8" and
-"w8a8" have one more form, :data:`ONE_ROW_FORMATS`: the same numbers multiplied by llmcore's C
-kernels (:mod:`llmcore.onerow`), which the fast path keeps where they measure faster.
+arithmetic there; the benchmark prints each setting's kernel. For one row, "bf16", "int8",
+"w8a8" and "int4" have one more form, :data:`ONE_ROW_FORMATS`: the same numbers multiplied by
+llmcore's C kernels (:mod:`llmcore.onerow`), which the fast path keeps where they measure
+faster.
 
 The floating-point formats prepare nothing of their own: their matrices are the model's (cast to
 the format's dtype), read by ``torch.addmm`` or, where the caller chooses it, by oneDNN's
@@ -49,7 +50,7 @@ import torch
 from torch import Tensor
 
 from . import onerow
-from .quantize import (INT4_GROUP_SIZE, INT4_SYMMETRIC_ZERO, quantize_int4, quantize_int8,
+from .quantize import (INT4_GROUP_SIZE, int4_scale_offset, quantize_int4, quantize_int8,
                        round_weight, unpack_int4)
 
 INT4_KERNEL_COLUMNS = 16
@@ -134,8 +135,7 @@ def int4_linear(weight: Tensor, dtype: torch.dtype,
     q = quantize_int4(weight.detach(), group_size)
     codes = unpack_int4(q.packed).t().contiguous().to(torch.int32)            # (d_out, d_in)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    offset = (INT4_SYMMETRIC_ZERO - q.zero) * q.scale
-    return Int4Linear(packed, torch.stack([q.scale, offset], dim=-1).to(dtype), group_size)
+    return Int4Linear(packed, torch.stack(int4_scale_offset(q), dim=-1).to(dtype), group_size)
 
 
 W8A8_STEP = 1 / 64
@@ -282,7 +282,8 @@ class Format(NamedTuple):
     prepare(weight (d_in, d_out), dtype) -> the stored matrix, None for the weight itself cast to
     dtype (which a caller may :func:`pack` for oneDNN); linear(x (rows, d_in), stored,
     b (d_out,) or None) -> (rows, d_out), None for :func:`plain_linear` (or
-    :func:`packed_linear`); head: the precision of the output projection, None for this one;
+    :func:`packed_linear`); head: the precision of the output projection (or its Format),
+    None for this one;
     available(device) -> whether the kernel runs there, and kernel: its name, for the message
     that refuses it; own: the model's tensors serve as they are when they already have dtype
     (else every tensor is copied, the norms to float32); dense_from: the batch size from which
@@ -293,7 +294,7 @@ class Format(NamedTuple):
     dtype: torch.dtype | None
     prepare: Callable[[Tensor, torch.dtype], object] | None = None
     linear: Callable[[Tensor, object, Tensor | None], Tensor] | None = None
-    head: str | None = None
+    head: str | Format | None = None
     available: Callable[[torch.device], bool] = everywhere
     kernel: str = "torch.addmm (or oneDNN's packed product)"
     own: bool = False
@@ -374,13 +375,16 @@ ONE_ROW_FORMATS = {
                    available=onerow.available,
                    kernel="llmcore's one-row int8 x int8 kernel (C, AVX-512 VNNI)"),
 }
+ONE_ROW_FORMATS["int4"] = Format(
+    torch.bfloat16, onerow.int4_rows, onerow.int4_onerow, head=ONE_ROW_FORMATS["int8"],
+    available=onerow.available, kernel="llmcore's one-row int4 kernel (C, AVX-512)")
 """One more form of a precision for one row, where its C kernel runs
-(:func:`llmcore.onerow.available`): the same bfloat16 values or int8 codes and scales (and,
-for "w8a8", the same rounding of the activations and the same float32 results), multiplied
-by :mod:`llmcore.onerow`'s C kernels, which stream a matrix at memory speed where PyTorch's
-one-row kernels fall short of it. The fast path measures it against the precision's own
-forms and keeps the fastest
-(:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
+(:func:`llmcore.onerow.available`): the same bfloat16 values, int8 codes and scales or int4
+codes, scales and offsets (and, for "w8a8", the same rounding of the activations and the same
+float32 results), multiplied by :mod:`llmcore.onerow`'s C kernels, which stream a matrix at
+memory speed where PyTorch's one-row kernels fall short of it; "int4"'s head (int8) takes
+"int8"'s C kernel. The fast path measures it against the precision's own forms and keeps the
+fastest (:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
 MANY_ROW_FORMATS = {
     "w8a8": ONE_ROW_FORMATS["w8a8"]._replace(

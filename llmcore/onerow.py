@@ -15,6 +15,10 @@ speed (the same 49 matrices in 4.7 ms, 26 GB/s, against fbgemm's 6.8 ms, measure
   VNNI's int8 dot products; the same float32 numbers as fbgemm's kernel (tested).
 * :func:`int8_onerow`: the "int8" precision's weight-only product of one bfloat16 row (codes
   widened to float32 as they are read, float32 sums, one rounding to bfloat16).
+* :func:`int4_onerow`: the "int4" precision's weight-only product (4-bit codes in groups, each
+  code's value looked up in a table of sixteen, float32 sums), for one row and for several
+  (a prompt), a row giving the same numbers alone and in a batch.
+* :func:`bf16_onerow`: the "bf16" precision's product of one row (AVX512-BF16).
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 a cache folder of the user's (``$XDG_CACHE_HOME/llmcore`` or ``~/.cache/llmcore``, private
@@ -45,7 +49,8 @@ import torch
 from torch import Tensor
 from torch.autograd import _profiler_enabled
 
-from .quantize import quantize_int8
+from .quantize import (INT4_GROUP_SIZE, int4_scale_offset, quantize_int4, quantize_int8,
+                       unpack_int4)
 
 SOURCE = Path(__file__).with_name("native") / "onerow.c"
 """The kernels' C source, shipped with the package."""
@@ -57,7 +62,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 3
+VERSION = 4
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
@@ -77,6 +82,30 @@ class W8A8Rows(NamedTuple):
     @property
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self)
+
+
+INT4_TILE = 16
+"""Outputs side by side in :class:`Int4Rows`, one per 32-bit lane of an AVX-512 register."""
+
+INT4_WORD = 8
+"""int4 codes in one 32-bit word of :class:`Int4Rows`."""
+
+
+class Int4Rows(NamedTuple):
+    """A (d_in, d_out) matrix for the "int4" product as :func:`int4_onerow` reads it: tiles of
+    :data:`INT4_TILE` outputs side by side, so that one register holds one weight of each.
+
+    codes (tiles, d_in // 8, 16) uint32: word [t, i, l] holds the eight codes of rows 8i ..
+    8i + 7 of output 16t + l, code 8i + q in bits 4q .. 4q + 3; scale and offset (tiles,
+    d_in // group_size, 16) bfloat16, with the weight ``(code - 8) * scale + offset``
+    (:func:`llmcore.quantize.int4_scale_offset`: the numbers PyTorch's int4 kernel reads);
+    the last tile padded with zeros past d_out."""
+
+    codes: Tensor
+    scale: Tensor
+    offset: Tensor
+    d_out: int
+    group_size: int
 
 
 def cache_folder() -> Path:
@@ -131,6 +160,8 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_int8_onerow.restype = ctypes.c_int
     library.llmcore_bf16_onerow.argtypes = [_POINTER] * 4 + [_LONG, _LONG]
     library.llmcore_bf16_onerow.restype = ctypes.c_int
+    library.llmcore_int4_rows.argtypes = [_POINTER] * 6 + [_LONG] * 4
+    library.llmcore_int4_rows.restype = ctypes.c_int
     library.llmcore_w8a8_round_rows.argtypes = [_POINTER] * 3 + [_LONG, _LONG]
     library.llmcore_w8a8_round_rows.restype = None
     library.llmcore_w8a8_scale_rows.argtypes = [_POINTER] * 5 + [_LONG, _LONG]
@@ -316,4 +347,64 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     with _profiled("llmcore::bf16_onerow"):
         _library().llmcore_bf16_onerow(w.data_ptr(), None if b is None else b.data_ptr(),
                                        x.data_ptr(), out.data_ptr(), d_out, d_in)
+    return out
+
+
+def int4_rows(weight: Tensor, dtype: torch.dtype = torch.bfloat16,
+              group_size: int = INT4_GROUP_SIZE) -> Int4Rows:
+    """weight (d_in, d_out) -> :class:`Int4Rows`: :func:`llmcore.quantize.quantize_int4`'s codes
+    (with zero points), scales and offsets in tiles of 16 outputs. dtype: the activations',
+    bfloat16. group_size: rows per scale, a multiple of :data:`INT4_WORD`."""
+    if dtype != torch.bfloat16:
+        raise ValueError(f"int4: the kernel takes bfloat16 activations, got {dtype}")
+    if group_size % INT4_WORD:
+        raise ValueError(f"int4: the kernel reads codes {INT4_WORD} at a time: group_size must "
+                         f"be a multiple of {INT4_WORD}, got {group_size}")
+    q = quantize_int4(weight.detach(), group_size)
+    d_in, d_out = weight.shape
+    tiles = -(-d_out // INT4_TILE)
+    pad = (0, tiles * INT4_TILE - d_out)                     # zeros past d_out
+    codes = torch.nn.functional.pad(unpack_int4(q.packed), pad).to(torch.int64)
+    eights = codes.view(d_in // INT4_WORD, INT4_WORD, tiles, INT4_TILE)
+    words = sum(eights[:, q] << (4 * q) for q in range(INT4_WORD))       # (d_in / 8, tiles, 16)
+
+    def tiled(t: Tensor) -> Tensor:                                     # (G, d_out) -> tiles
+        t = torch.nn.functional.pad(t, pad).to(torch.bfloat16)
+        return t.view(-1, tiles, INT4_TILE).permute(1, 0, 2).contiguous()
+
+    scale, offset = int4_scale_offset(q)
+    return Int4Rows(words.to(torch.uint32).permute(1, 0, 2).contiguous(), tiled(scale),
+                    tiled(offset), d_out, group_size)
+
+
+def int4_onerow(x: Tensor, w: Int4Rows, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) bfloat16 @ an :class:`Int4Rows` matrix (+ b (d_out,) bfloat16) ->
+    (rows, d_out) bfloat16, the weight-only int4 product: each code's value looked up in a
+    table of sixteen, float32 sums, one rounding. One row streams the codes once; several (a
+    prompt) take each tile four rows at a time, with each row's operations those of a row
+    alone (a row gives the same numbers alone and in a batch). Chapter 13."""
+    tiles, words, lanes = w.codes.shape
+    d_in = words * INT4_WORD
+    x = _checked_row(x, d_in, torch.bfloat16, "x")
+    _check_bias(b, w.d_out, torch.bfloat16, "b")
+    groups = d_in // w.group_size
+    if not (w.codes.dtype == torch.uint32 and lanes == INT4_TILE and w.codes.is_contiguous()
+            and w.scale.shape == w.offset.shape == (tiles, groups, INT4_TILE)
+            and w.scale.dtype == w.offset.dtype == torch.bfloat16
+            and w.scale.is_contiguous() and w.offset.is_contiguous()
+            and 0 < w.d_out <= tiles * INT4_TILE):
+        raise ValueError(f"w: expected an Int4Rows of int4_rows (codes ({tiles}, {words}, 16) "
+                         f"uint32, scale and offset ({tiles}, {groups}, 16) bfloat16), got "
+                         f"codes {w.codes.dtype} {tuple(w.codes.shape)}, scale "
+                         f"{w.scale.dtype} {tuple(w.scale.shape)}, offset {w.offset.dtype} "
+                         f"{tuple(w.offset.shape)}, d_out {w.d_out}")
+    rows = x.shape[0]
+    out = torch.empty(rows, w.d_out, dtype=torch.bfloat16)
+    with _profiled("llmcore::int4_onerow"):
+        status = _library().llmcore_int4_rows(
+            w.codes.data_ptr(), w.scale.data_ptr(), w.offset.data_ptr(),
+            None if b is None else b.data_ptr(), x.data_ptr(), out.data_ptr(), rows, w.d_out,
+            d_in, w.group_size)
+    if status:
+        raise MemoryError(f"int4_onerow: no memory for {rows} rows of {d_in} activations")
     return out

@@ -207,6 +207,14 @@ def dequantize_int4(q: Int4Weight, dtype: torch.dtype = torch.float32) -> Tensor
     return w.view(d_in, d_out).to(dtype)
 
 
+def int4_scale_offset(q: Int4Weight) -> tuple[Tensor, Tensor]:
+    """(scale, offset), each (d_in // group_size, d_out) float32, with ``(code - 8) * scale +
+    offset`` the same weight as ``(code - zero) * scale``: offset = (8 - zero) * scale, the
+    form the int4 kernels read (PyTorch's and :mod:`llmcore.onerow`'s). Chapter 13."""
+    _check_int4(q)
+    return q.scale, (INT4_SYMMETRIC_ZERO - q.zero) * q.scale
+
+
 def quantized_matmul(x: Tensor, q: Int8Weight | Int4Weight) -> Tensor:
     """x (..., d_in) @ the quantized matrix -> (..., d_out), in x's dtype.
 

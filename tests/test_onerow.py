@@ -16,6 +16,7 @@ import torch
 from llmcore import lowbit, onerow
 from llmcore.fastpath import FastStep, fast_model
 from llmcore.lowbit import int8_linear, w8a8_linear, w8a8_matmul
+from llmcore.quantize import dequantize_int4, quantize_int4
 from test_fastpath_precision import model_of, w8a8_reference
 from test_model import token_ids
 
@@ -71,12 +72,19 @@ def test_several_rows_of_w8a8_are_the_documented_arithmetic_row_by_row():
 @needs_kernels
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_a_row_with_an_inf_or_a_nan_gives_nan_never_a_finite_number(bad):
+    """w8a8's rounding makes the row NaN; int4's sums carry the inf or NaN (never a finite
+    number), and the other rows of a prompt keep theirs."""
     w = onerow.w8a8_rows(torch.randn(40, 12))
     x = torch.randn(3, 40)
     x[1, 5] = bad
     assert torch.isnan(onerow.w8a8_onerow(x[1:2], w)).all()
     several = onerow.w8a8_onerow(x, w)
     assert torch.isnan(several[1]).all() and torch.isfinite(several[[0, 2]]).all()
+    w4 = onerow.int4_rows(torch.randn(64, 12))
+    x = torch.randn(3, 64).bfloat16()
+    x[1, 5] = bad
+    several = onerow.int4_onerow(x, w4)
+    assert not torch.isfinite(several[1]).any() and torch.isfinite(several[[0, 2]]).all()
 
 
 @needs_kernels
@@ -99,6 +107,67 @@ def test_one_row_of_int8_is_the_weight_only_product_to_bfloat16s_rounding(shape)
         assert bool(((got.double() - want).abs() <= 2 ** -8 * want.abs() + 1e-30).all())
     pytorchs = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale).add_(bias)
     assert torch.equal(onerow.int8_onerow(x, w, bias), pytorchs)
+
+
+def int4_reference(x: torch.Tensor, w: onerow.Int4Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, d_in) @ the weights (code - 8) * scale + offset that w holds, in float64, and
+    the same product of magnitudes (|x| @ |W|: the size of the terms a sum adds up)."""
+    tiles, words, _ = w.codes.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    codes = (w.codes.to(torch.int64)[..., None] >> shifts) & 15           # (tiles, words, 16, 8)
+    codes = codes.permute(1, 3, 0, 2).reshape(words * 8, tiles * 16)      # (d_in, padded d_out)
+    def per_row(t):                                                       # (tiles, G, 16)
+        return t.double().permute(1, 0, 2).reshape(-1, tiles * 16).repeat_interleave(
+            w.group_size, dim=0)
+    weight = ((codes.double() - 8) * per_row(w.scale) + per_row(w.offset))[:, :w.d_out]
+    return x.double() @ weight, x.double().abs() @ weight.abs()
+
+
+@needs_kernels
+@pytest.mark.parametrize("shape, group_size", [((96, 80), 32), ((160, 37), 32), ((64, 4), 64),
+                                               ((768, 2304), 32), ((768, 48), 128),
+                                               ((40, 24), 8)])
+def test_int4_is_the_weight_only_product_to_bfloat16s_rounding(shape, group_size):
+    """The bfloat16 rows times the int4 weights (code - 8) * scale + offset, float32 sums,
+    rounded once to bfloat16: within half a bfloat16 step (and float32's sums) of the float64
+    product (+ bias), as close as PyTorch's int4 kernel on the same weights; the codes are
+    quantize_int4's, the scale and offset int4_scale_offset's; a prompt of 9 rows (four at a
+    time, then one by one) gives each row the numbers it gets alone."""
+    d_in, d_out = shape
+    g = torch.Generator().manual_seed(d_in + group_size)
+    weight = torch.randn(d_in, d_out, generator=g)
+    bias = torch.randn(d_out, generator=g).bfloat16()
+    w = onerow.int4_rows(weight, torch.bfloat16, group_size)
+    x = rows_of_all_sizes(9, d_in, seed=d_out).bfloat16()
+    got = onerow.int4_onerow(x, w, bias)
+    alone = torch.cat([onerow.int4_onerow(row, w, bias) for row in x.split(1)])
+    assert got.dtype == torch.bfloat16 and got.shape == (9, d_out)
+    assert torch.equal(alone, got)
+    want, terms = int4_reference(x, w)
+    want = want + bias.double()
+    error = (got.double() - want).abs()
+    assert bool((error <= 2 ** -8 * want.abs() + 2 ** -20 * terms).all())
+    if d_out % lowbit.INT4_KERNEL_COLUMNS == 0 and group_size in (32, 64, 128, 256):
+        pytorchs = lowbit._int4_linear(x, lowbit.int4_linear(weight, torch.bfloat16, group_size),
+                                       bias)
+        assert float(error.max()) <= float((pytorchs.double() - want).abs().max()) * 1.01
+
+
+@needs_kernels
+def test_int4s_weights_are_quantize_int4s_in_the_kernels_layout():
+    """Int4Rows holds quantize_int4's codes, and its scale and offset give back
+    (code - zero) * scale to bfloat16's rounding of scale and offset."""
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(64, 37, generator=g)
+    w = onerow.int4_rows(weight)
+    assert w.codes.shape == (3, 8, 16) and w.codes.dtype == torch.uint32
+    assert w.scale.shape == w.offset.shape == (3, 2, 16) and w.d_out == 37
+    got = int4_reference(torch.eye(64), w)[0]                     # the weights themselves
+    want = dequantize_int4(quantize_int4(weight)).double()
+    scale = quantize_int4(weight).scale.repeat_interleave(32, dim=0).double()
+    assert float(((got - want).abs() / scale).max()) < 16 * 2 ** -8     # bf16 scale, offset
+    assert float((got - weight.double()).abs().max()) <= float(scale.max()) * 0.6
+    assert lowbit.bytes_of(w) == 3 * 8 * 16 * 4 + 2 * 3 * 2 * 16 * 2
 
 
 needs_bf16 = pytest.mark.skipif(not onerow.bf16_available(),
@@ -154,6 +223,21 @@ def test_bad_operands_are_refused_before_any_c_code_reads_them():
         onerow.bf16_rows(torch.randn(8, 16), torch.float32)
     with pytest.raises(ValueError, match=r"\(rows, 8\) on the CPU, got torch.float32 \(1, 8\)"):
         onerow.bf16_onerow(torch.ones(1, 8), onerow.bf16_rows(torch.randn(8, 16)))
+    w4 = onerow.int4_rows(torch.randn(64, 20))
+    with pytest.raises(ValueError, match=r"\(rows, 64\) on the CPU, got torch.float32 \(1, 64\)"):
+        onerow.int4_onerow(torch.ones(1, 64), w4)
+    with pytest.raises(ValueError, match=r"b: expected a bias of shape \(20,\) torch.bfloat16"):
+        onerow.int4_onerow(torch.ones(1, 64, dtype=torch.bfloat16), w4, torch.ones(20))
+    with pytest.raises(ValueError, match=r"w: expected an Int4Rows of int4_rows .* got codes "
+                                         r"torch.uint32 \(2, 8, 16\), scale torch.float32"):
+        onerow.int4_onerow(torch.ones(1, 64, dtype=torch.bfloat16),
+                           w4._replace(scale=w4.scale.float()))
+    with pytest.raises(ValueError, match=r"d_out 33"):                  # past the last tile
+        onerow.int4_onerow(torch.ones(1, 64, dtype=torch.bfloat16), w4._replace(d_out=33))
+    with pytest.raises(ValueError, match="group_size must be a multiple of 8, got 12"):
+        onerow.int4_rows(torch.randn(48, 16), torch.bfloat16, 12)
+    with pytest.raises(ValueError, match="bfloat16 activations, got torch.float32"):
+        onerow.int4_rows(torch.randn(64, 16), torch.float32)
 
 
 @needs_kernels
@@ -161,13 +245,17 @@ def test_the_thread_count_does_not_change_a_number():
     """Each output is one thread's sum in a fixed order, so 1 and 2 threads agree exactly."""
     w8 = onerow.w8a8_rows(torch.randn(256, 300))
     w = int8_linear(torch.randn(256, 300), torch.bfloat16)
+    w4 = onerow.int4_rows(torch.randn(256, 300))
     x = torch.randn(1, 256)
+    prompt = torch.randn(6, 256).bfloat16()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w)
+        one = (onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w),
+               onerow.int4_onerow(prompt, w4))
         torch.set_num_threads(2)
-        two = onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w)
+        two = (onerow.w8a8_onerow(x, w8), onerow.int8_onerow(x.bfloat16(), w),
+               onerow.int4_onerow(prompt, w4))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
@@ -206,13 +294,14 @@ def test_the_library_is_compiled_once_into_a_folder_only_its_user_may_write(tmp_
 
 
 @needs_kernels
-@pytest.mark.parametrize("precision", ["w8a8", "int8", "bf16"])
+@pytest.mark.parametrize("precision", ["w8a8", "int8", "bf16", "int4"])
 def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, monkeypatch):
     """One row of a model that streams from memory (the threshold set to 0) measures the C
     kernel beside PyTorch's; made the only fast one (every other form slowed), it is kept,
     and its logits over a prompt and three tokens are PyTorch's kernel's: w8a8's to
     float32's last bits (the prompt's several rows take torch._int_mm, the steps' one row
-    the C kernel), int8's and bf16's to bfloat16's rounding."""
+    the C kernel), int8's, bf16's and int4's to bfloat16's rounding (int4's head, in int8,
+    takes int8's C kernel with its own)."""
     import llmcore.fastpath as fastpath
     if not lowbit.ONE_ROW_FORMATS[precision].available(torch.device("cpu")):
         pytest.skip(f"no one-row C kernel for {precision} on this CPU")
@@ -235,16 +324,24 @@ def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, mo
                                     own._replace(linear=slowed(own.linear)))
                 for name in ("plain_linear", "packed_linear"):
                     patched.setattr(fastpath, name, slowed(getattr(fastpath, name)))
-            else:
+            else:                          # the C kernel slowed (and the dense forms)
                 patched.setitem(lowbit.ONE_ROW_FORMATS, precision,
                                 c_form._replace(linear=slowed(c_form.linear)))
+                if own.linear is not None:
+                    for name in ("plain_linear", "packed_linear"):
+                        patched.setattr(fastpath, name, slowed(getattr(fastpath, name)))
             fast = fast_model(model, precision=precision)
         assert any("llmcore's one-row" in name for name in fast.one_row_seconds)
+        if precision == "int4" and keep_c_kernel:  # its head: int8's C kernel with its own
+            assert fast.head_format.linear is lowbit.ONE_ROW_FORMATS["int8"].linear
         step = FastStep(fast, model, prompt, 4, None)
         logits = [step(prompt)] + [step(follow[:, t:t + 1]) for t in range(3)]
         kept[keep_c_kernel] = fast.kernel, torch.stack(logits)
     c_kernel, pytorchs = kept[True], kept[False]
-    assert c_kernel[0].startswith("llmcore's one-row") and not pytorchs[0].startswith("llmcore")
+    assert c_kernel[0].startswith("llmcore's one-row")
+    assert not pytorchs[0].startswith("llmcore")
+    if lowbit.FORMATS[precision].linear is not None:     # PyTorch's kernel of the precision
+        assert pytorchs[0].startswith(lowbit.FORMATS[precision].kernel)
     scale = float(pytorchs[1].abs().max())
     error = float((c_kernel[1] - pytorchs[1]).abs().max()) / scale
     assert error < (1e-5 if precision == "w8a8" else 0.03), error

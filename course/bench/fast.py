@@ -467,7 +467,8 @@ PRODUCT_OPS = frozenset({
     "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
     "aten::_weight_int4pack_mm_for_cpu", "aten::_int_mm",
     "quantized::linear_with_input_q_dq_qweight_dq_output_fp32",
-    "llmcore::bf16_onerow", "llmcore::int8_onerow", "llmcore::w8a8_onerow"})
+    "llmcore::bf16_onerow", "llmcore::int8_onerow", "llmcore::w8a8_onerow",
+    "llmcore::int4_onerow"})
 """The profiler's names of the fast path's matrix products (one per precision's kernel; none
 calls another), whose time :func:`product_seconds` adds up; ``llmcore::`` names are
 :mod:`llmcore.onerow`'s C kernels, which it records while a profiler runs."""

@@ -14,6 +14,8 @@
  *       "int8" precision's weight-only product.
  *   llmcore_bf16_onerow: bfloat16 weights x bfloat16 activations, float32 sums (AVX512-BF16),
  *       the "bf16" precision's product.
+ *   llmcore_int4_rows: int4 codes in groups x bfloat16 activations, float32 sums (AVX-512),
+ *       the "int4" precision's weight-only product, for one row or several.
  *
  * Compiled and loaded by llmcore/onerow.py, which checks every operand before a call.
  */
@@ -26,7 +28,7 @@
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 3; }
+int llmcore_onerow_version(void) { return 4; }
 
 static inline float bf16_to_float(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -212,10 +214,17 @@ int llmcore_int8_onerow(const int8_t *w, const uint16_t *scale, const uint16_t *
                          _mm512_setzero_ps()};
         for (long i = 0; i < padded; i += LANE) {
             _mm_prefetch((const char *)(row + i + PREFETCH_AHEAD), _MM_HINT_T0);
-            const __m512i v = _mm512_maskz_loadu_epi8(tail_mask(i, k), row + i);
-            const __m128i part[4] = {_mm512_castsi512_si128(v), _mm512_extracti32x4_epi32(v, 1),
-                                     _mm512_extracti32x4_epi32(v, 2),
-                                     _mm512_extracti32x4_epi32(v, 3)};
+            __m128i part[4];
+            if (k - i >= LANE) {                  /* 16 codes a load, widened as loaded */
+                for (int j = 0; j < 4; j++)
+                    part[j] = _mm_loadu_si128((const void *)(row + i + 16 * j));
+            } else {                              /* the tail: one masked load */
+                const __m512i v = _mm512_maskz_loadu_epi8(tail_mask(i, k), row + i);
+                part[0] = _mm512_castsi512_si128(v);
+                part[1] = _mm512_extracti32x4_epi32(v, 1);
+                part[2] = _mm512_extracti32x4_epi32(v, 2);
+                part[3] = _mm512_extracti32x4_epi32(v, 3);
+            }
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part[j])),
                                          _mm512_load_ps(xf + i + 16 * j), acc[j]);
@@ -224,6 +233,119 @@ int llmcore_int8_onerow(const int8_t *w, const uint16_t *scale, const uint16_t *
                                                           _mm512_add_ps(acc[2], acc[3])))
                         * bf16_to_float(scale[n]);
         out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
+    }
+    free(xf);
+    return 0;
+}
+
+/* The int4 kernel reads W in tiles of 16 outputs, one output per 32-bit lane, the lanes of a
+ * tile side by side: codes (tiles, k / 8, 16) uint32, word [t][i][l] holding the eight codes
+ * k = 8i .. 8i + 7 of output 16t + l, code 8i + q in bits 4q .. 4q + 3. A code becomes its
+ * value code - 8 by a table lookup (vpermps reads the low four bits of each lane), so one
+ * shift and one lookup give sixteen weights, one fused multiply-add takes them. */
+#define INT4_TILE 16
+
+static inline __m512 int4_values(void) {               /* code c -> c - 8, exact */
+    float values[16];
+    for (int c = 0; c < 16; c++) values[c] = (float)(c - 8);
+    return _mm512_loadu_ps(values);
+}
+
+static inline __m512 bf16x16_to_float(const uint16_t *h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)h)), 16));
+}
+
+/* `rows` rows x[r] (k,) float32 (1 to 4: a constant where it is inlined) times one tile: for
+ * each row 16 float32 sums into acc[r], per group of `group` rows of W the activations times
+ * (code - 8), times the group's scale, plus its offset times the group's sum of activations
+ * (sums[r]). Each shifted and looked-up word serves every row; each row's own operations are
+ * the same whatever `rows` is. */
+static inline __attribute__((always_inline)) void int4_tile_rows(
+        const uint32_t *tile, const float *const *x, const float *const *sums,
+        const uint16_t *scale, const uint16_t *offset, long groups, long group, __m512 table,
+        __m512 *acc, const int rows) {
+    const long words = group / 8;
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (long g = 0; g < groups; g++) {
+        __m512 part[4][4];
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < 4; j++) part[r][j] = _mm512_setzero_ps();
+        for (long i = g * words; i < (g + 1) * words; i++) {
+            _mm_prefetch((const char *)(tile + INT4_TILE * i) + PREFETCH_AHEAD, _MM_HINT_T0);
+            const __m512i word = _mm512_loadu_si512((const void *)(tile + INT4_TILE * i));
+            for (int q = 0; q < 8; q++) {
+                const __m512 w = _mm512_permutexvar_ps(_mm512_srli_epi32(word, 4 * q), table);
+                for (int r = 0; r < rows; r++)
+                    part[r][q & 3] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[r][8 * i + q]),
+                                                     part[r][q & 3]);
+            }
+        }
+        const __m512 s = bf16x16_to_float(scale + INT4_TILE * g);
+        const __m512 o = bf16x16_to_float(offset + INT4_TILE * g);
+        for (int r = 0; r < rows; r++) {
+            const __m512 dot = _mm512_add_ps(_mm512_add_ps(part[r][0], part[r][1]),
+                                             _mm512_add_ps(part[r][2], part[r][3]));
+            acc[r] = _mm512_fmadd_ps(dot, s, acc[r]);
+            acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(sums[r][g]), acc[r]);
+        }
+    }
+}
+
+/* out (m, n_out) bfloat16 = x (m, k) bfloat16 @ W + bias: W as int4 codes (the tiles above),
+ * w = (code - 8) * scale + offset, scale and offset (tiles, k / group, 16) bfloat16 per group
+ * of `group` rows (a multiple of 8) and output, bias (n_out,) bfloat16 or NULL; float32 sums,
+ * one rounding to bfloat16. One row streams the codes, each read once; several rows take a
+ * tile four rows at a time, each code decoded once for the four, with each row's operations
+ * those of a row alone: a row gives the same numbers alone and in a batch. Returns 0, or -1
+ * without memory. */
+int llmcore_int4_rows(const uint32_t *codes, const uint16_t *scale, const uint16_t *offset,
+                      const uint16_t *bias, const uint16_t *x, uint16_t *out, long m,
+                      long n_out, long k, long group) {
+    const long groups = k / group, tiles = (n_out + INT4_TILE - 1) / INT4_TILE;
+    const long stride = k + groups;                 /* a row in float32, then its groups' sums */
+    float *xf = aligned_alloc(LANE, (size_t)(m * stride) * sizeof(float));
+    if (!xf) return -1;
+    for (long r = 0; r < m; r++) {
+        float *xr = xf + r * stride, *sums = xr + k;
+        for (long g = 0; g < groups; g++) {
+            float total = 0.f;
+            for (long i = g * group; i < (g + 1) * group; i++) {
+                xr[i] = bf16_to_float(x[r * k + i]);
+                total += xr[i];
+            }
+            sums[g] = total;
+        }
+    }
+    const __m512 table = int4_values();
+    #pragma omp parallel for schedule(static)
+    for (long t = 0; t < tiles; t++) {
+        const uint32_t *tile = codes + t * (k / 8) * INT4_TILE;
+        const uint16_t *ts = scale + t * groups * INT4_TILE;
+        const uint16_t *to = offset + t * groups * INT4_TILE;
+        const long n0 = INT4_TILE * t;
+        const long lanes = n_out - n0 < INT4_TILE ? n_out - n0 : INT4_TILE;
+        for (long r0 = 0; r0 < m;) {
+            const int rows = m - r0 >= 4 ? 4 : 1;
+            const float *xs[4], *sums[4];
+            for (int r = 0; r < rows; r++) {
+                xs[r] = xf + (r0 + r) * stride;
+                sums[r] = xs[r] + k;
+            }
+            __m512 acc[4];
+            if (rows == 4)
+                int4_tile_rows(tile, xs, sums, ts, to, groups, group, table, acc, 4);
+            else
+                int4_tile_rows(tile, xs, sums, ts, to, groups, group, table, acc, 1);
+            for (int r = 0; r < rows; r++) {
+                float y[INT4_TILE];
+                _mm512_storeu_ps(y, acc[r]);
+                for (long l = 0; l < lanes; l++)
+                    out[(r0 + r) * n_out + n0 + l] = float_to_bf16(
+                        bias ? y[l] + bf16_to_float(bias[n0 + l]) : y[l]);
+            }
+            r0 += rows;
+        }
     }
     free(xf);
     return 0;
