@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmcore import generate
+from llmcore import generate, lowbit, onerow
 from llmcore.fastpath import FastLlama, FastStep, StaticCache, fast_model
 from llmcore.llama import Llama, LlamaConfig
 from llmcore.lowbit import Int8Linear, int8_linear
@@ -155,6 +155,27 @@ def test_quantized_logits_equal_the_teaching_forward_of_the_same_rounded_weights
     model = family(name, seed=6)
     prompt, follow = token_ids(model.config, 2, 10), token_ids(model.config, 2, 5, seed=6)
     assert_rounding_is_all_that_changes(model, prompt, follow, precision)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8", "w8a8", "int4"])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_c_kernels_serve_every_family_at_one_row(name, precision, monkeypatch):
+    """llmcore.onerow's C kernels, made the form one row takes (a model larger than the cache
+    may keep them): each family's logits, a prompt's rows and then one row a step, stay within
+    the stated tolerance of float32's, and int8's and int4's are the teaching forward of the
+    same rounded weights."""
+    import llmcore.fastpath
+    c_form = lowbit.ONE_ROW_FORMATS[precision]
+    if not c_form.available(torch.device("cpu")):
+        pytest.skip(f"no one-row C kernel for {precision}: {onerow.unavailable_reason()}")
+    monkeypatch.setitem(lowbit.FORMATS, precision, c_form)
+    monkeypatch.setattr(llmcore.fastpath, "DENSE_BF16_WHEN_CACHED", False)
+    model = family(name, seed=5)
+    assert fast_model(model, precision=precision).kernel == c_form.kernel
+    prompt, follow = token_ids(model.config, 1, 9, seed=3), token_ids(model.config, 1, 6, seed=4)
+    assert_near_float32(model, prompt, follow, precision, f"{name}, C kernel")
+    if precision in ("int8", "int4"):
+        assert_rounding_is_all_that_changes(model, prompt, follow, precision)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
