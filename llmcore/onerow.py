@@ -1,4 +1,5 @@
-"""llmcore's one-row kernels: int8 matrices times one row, in C, for a decode step at batch 1.
+"""llmcore's one-row kernels: int8, int4 and bfloat16 matrices times one row, in C, for a decode
+step at batch 1.
 
 A decode step at batch 1 multiplies one row by every matrix of the model, and each product reads
 its whole matrix once: the step is bound by the bytes it reads. PyTorch's int8 kernels fall
@@ -9,6 +10,10 @@ A matrix-vector product is a short loop (chapter 1); ``native/onerow.c`` writes 
 row of int8 codes at a time, four rows at once per core, and tells the CPU to fetch each
 row's bytes 8 KiB before they are needed, which is what the loop lacked to stream at memory
 speed (the same 49 matrices in 4.7 ms, 26 GB/s, against fbgemm's 6.8 ms, measured together).
+int4 reads half those bytes but turns each 4-bit code into a number first, so its kernel keeps
+sixteen outputs side by side, one per lane of a register, and finds each code's value by a
+table lookup: GPT-2 small's 48 block matrices in 2.2 ms against PyTorch's int4 kernel's 3.2 ms,
+and 16 rows (a prompt) in 15 ms against 21, measured together.
 
 * :func:`w8a8_onerow`: the "w8a8" precision's product of one row: the row rounded to integer
   codes exactly as :func:`llmcore.lowbit.w8a8_matmul` rounds it, integer sums with AVX-512
