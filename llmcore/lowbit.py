@@ -365,11 +365,24 @@ FORMATS = {
 }
 """Every precision of the fast path, one row each (see the module's docstring)."""
 
+def _int8_one_row_in_c(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ the int8 matrix (+ b): one row through llmcore's C kernel
+    (:func:`llmcore.onerow.int8_onerow`), several (a prompt) through PyTorch's weight-only
+    int8 kernel on the same codes."""
+    return onerow.int8_onerow(x, w, b) if x.shape[0] == 1 else _int8_linear(x, w, b)
+
+
+def _bf16_one_row_in_c(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x (rows, d_in) @ w, (d_out, d_in) bfloat16 (+ b): one row through llmcore's C kernel
+    (:func:`llmcore.onerow.bf16_onerow`), several (a prompt) through ``F.linear``."""
+    return onerow.bf16_onerow(x, w, b) if x.shape[0] == 1 else torch.nn.functional.linear(x, w, b)
+
+
 ONE_ROW_FORMATS = {
-    "bf16": Format(torch.bfloat16, onerow.bf16_rows, onerow.bf16_onerow,
+    "bf16": Format(torch.bfloat16, onerow.bf16_rows, _bf16_one_row_in_c,
                    available=onerow.bf16_available,
                    kernel="llmcore's one-row bfloat16 kernel (C, AVX512-BF16)"),
-    "int8": Format(torch.bfloat16, int8_linear, onerow.int8_onerow, available=onerow.available,
+    "int8": Format(torch.bfloat16, int8_linear, _int8_one_row_in_c, available=onerow.available,
                    kernel="llmcore's one-row int8 kernel (C, AVX-512)"),
     "w8a8": Format(torch.float32, onerow.w8a8_rows, onerow.w8a8_onerow,
                    available=onerow.available,

@@ -256,6 +256,15 @@ def _checked_row(x: Tensor, d_in: int, dtype: torch.dtype, what: str) -> Tensor:
     return x
 
 
+def _one_row(x: Tensor, d_in: int, dtype: torch.dtype) -> Tensor:
+    """:func:`_checked_row` for a kernel that takes exactly one row."""
+    x = _checked_row(x, d_in, dtype, "x")
+    if x.shape[0] != 1:
+        raise ValueError(f"x: this kernel takes one row (1, {d_in}), got {x.shape[0]} rows "
+                         f"(llmcore.lowbit.ONE_ROW_FORMATS sends several to PyTorch's kernels)")
+    return x
+
+
 def _check_bias(b: Tensor | None, d_out: int, dtype: torch.dtype, what: str) -> None:
     if b is not None and not (b.is_cpu and b.dtype == dtype and tuple(b.shape) == (d_out,)
                               and b.is_contiguous()):
@@ -305,16 +314,12 @@ def _w8a8_rows(x: Tensor, w: W8A8Rows, b: Tensor | None) -> Tensor:
 
 
 def int8_onerow(x: Tensor, w, b: Tensor | None = None) -> Tensor:
-    """x (rows, d_in) bfloat16 @ an :class:`llmcore.lowbit.Int8Linear` (+ b (d_out,)
-    bfloat16) -> (rows, d_out) bfloat16, the weight-only int8 product. One row runs the C
-    kernel (float32 sums, one rounding); several run PyTorch's weight-only int8 kernel on the
-    same codes. Chapter 13."""
+    """x (1, d_in) bfloat16, one row, @ an :class:`llmcore.lowbit.Int8Linear` (+ b (d_out,)
+    bfloat16) -> (1, d_out) bfloat16, the weight-only int8 product: float32 sums, one rounding
+    (``lowbit.ONE_ROW_FORMATS["int8"]`` sends several rows to PyTorch's kernel). Chapter 13."""
     d_out, d_in = w.values.shape
-    x = _checked_row(x, d_in, torch.bfloat16, "x")
+    x = _one_row(x, d_in, torch.bfloat16)
     _check_bias(b, d_out, torch.bfloat16, "b")
-    if x.shape[0] != 1:
-        out = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale)
-        return out if b is None else out.add_(b)
     if w.scale.dtype != torch.bfloat16 or not w.values.is_contiguous():
         raise ValueError(f"w: expected contiguous int8 codes and bfloat16 scales, got "
                          f"{w.values.dtype} codes and {w.scale.dtype} scales")
@@ -337,14 +342,12 @@ def bf16_rows(weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
 
 
 def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
-    bfloat16) -> (rows, d_out) bfloat16. One row runs the C kernel (float32 sums of bfloat16
-    products, one rounding); several run ``F.linear`` on the same matrix. Chapter 13."""
+    """x (1, d_in) bfloat16, one row, @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b
+    (d_out,) bfloat16) -> (1, d_out) bfloat16: float32 sums of bfloat16 products, one rounding
+    (``lowbit.ONE_ROW_FORMATS["bf16"]`` sends several rows to ``F.linear``). Chapter 13."""
     d_out, d_in = w.shape
-    x = _checked_row(x, d_in, torch.bfloat16, "x")
+    x = _one_row(x, d_in, torch.bfloat16)
     _check_bias(b, d_out, torch.bfloat16, "b")
-    if x.shape[0] != 1:
-        return torch.nn.functional.linear(x, w, b)
     if w.dtype != torch.bfloat16 or not w.is_contiguous():
         raise ValueError(f"w: expected a contiguous bfloat16 (d_out, d_in) matrix, got "
                          f"{w.dtype}")

@@ -91,8 +91,9 @@ def test_a_row_with_an_inf_or_a_nan_gives_nan_never_a_finite_number(bad):
 @pytest.mark.parametrize("shape", SHAPES[:2] + SHAPES[-1:])
 def test_one_row_of_int8_is_the_weight_only_product_to_bfloat16s_rounding(shape):
     """float32 sums of the bfloat16 row times the int8 codes, scaled and rounded once to
-    bfloat16: within half a bfloat16 step of the float64 product (+ bias); several rows are
-    PyTorch's kernel on the same codes. d_in a multiple of 16: PyTorch's kernel needs it."""
+    bfloat16: within half a bfloat16 step of the float64 product (+ bias); the one-row form
+    sends several rows to PyTorch's kernel on the same codes (d_in a multiple of 16: PyTorch's
+    kernel needs it), and the C kernel refuses them."""
     d_in, d_out = shape
     d_in = d_in // 16 * 16
     g = torch.Generator().manual_seed(d_out)
@@ -106,7 +107,9 @@ def test_one_row_of_int8_is_the_weight_only_product_to_bfloat16s_rounding(shape)
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - want).abs() <= 2 ** -8 * want.abs() + 1e-30).all())
     pytorchs = torch.ops.aten._weight_int8pack_mm(x, w.values, w.scale).add_(bias)
-    assert torch.equal(onerow.int8_onerow(x, w, bias), pytorchs)
+    assert torch.equal(lowbit.ONE_ROW_FORMATS["int8"].linear(x, w, bias), pytorchs)
+    with pytest.raises(ValueError, match=r"x: this kernel takes one row \(1, \d+\), got 4"):
+        onerow.int8_onerow(x, w, bias)
 
 
 def int4_reference(x: torch.Tensor, w: onerow.Int4Rows) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,8 +182,8 @@ needs_bf16 = pytest.mark.skipif(not onerow.bf16_available(),
 @pytest.mark.parametrize("shape", SHAPES)
 def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
     """float32 sums of bfloat16 products, rounded once to bfloat16: within a bfloat16 step of
-    the float64 product (+ bias), as close as PyTorch's own bfloat16 product; several rows are
-    ``F.linear`` on the same matrix."""
+    the float64 product (+ bias), as close as PyTorch's own bfloat16 product; the one-row form
+    sends several rows to ``F.linear`` on the same matrix, and the C kernel refuses them."""
     d_in, d_out = shape
     g = torch.Generator().manual_seed(d_in)
     weight = torch.randn(d_in, d_out, generator=g)
@@ -195,7 +198,10 @@ def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
         step = 2 ** -7 * want.abs().amax()
         assert float((got - want).abs().max()) <= step
         assert float((got - want).abs().max()) <= float((pytorchs - want).abs().max()) + step
-    assert torch.equal(onerow.bf16_onerow(x, w, bias), torch.nn.functional.linear(x, w, bias))
+    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(x, w, bias),
+                       torch.nn.functional.linear(x, w, bias))
+    with pytest.raises(ValueError, match=r"x: this kernel takes one row \(1, \d+\), got 4"):
+        onerow.bf16_onerow(x, w, bias)
 
 
 @needs_kernels
