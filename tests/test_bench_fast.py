@@ -104,7 +104,7 @@ def test_the_profile_finds_every_product_of_a_step_in_every_precision():
         assert 0 < row["product_seconds"] < row["profiled_step_seconds"], row["precision"]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8", "w8a8"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "w8a8", "int4"])
 def test_the_profile_finds_llmcores_c_kernels_too(precision, monkeypatch):
     """A ctypes call is invisible to torch.profiler: llmcore.onerow records each of its C
     kernels' calls under its own name while a profiler runs, and the bench counts them."""
