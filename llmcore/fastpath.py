@@ -44,6 +44,7 @@ from .lowbit import (ONE_ROW_FORMATS, Format, bytes_of, dense, format_of, pack,
                      packed_linear, packed_linear_available, plain_linear)
 from .masks import causal_mask, sliding_window_mask
 from .model import GPT
+from .onerow_step import gpt_step_in_c
 from .quantize import round_weight
 from .rope import rope_tables, rotate_half
 from .storage import storage_bytes
@@ -97,6 +98,12 @@ small's block products in 8-9 ms in some seconds and 16-20 ms in others; float32
 ms)."""
 
 
+STEP_IN_C = True
+"""Whether a one-token step at batch 1 may run whole in C (:mod:`llmcore.onerow_step`, where it
+serves the model and its kernels: :meth:`FastDecoder.choose_one_row_step`). False keeps every
+step in PyTorch, each product through the form kept (for comparisons and tests)."""
+
+
 def streams_from_memory(model, threshold: int | None = None) -> bool:
     """Whether ``model``'s parameters (each storage once: a tied embedding and head are one
     matrix) are more than ``threshold`` bytes (default :data:`PACK_ONE_ROW_ABOVE_BYTES`), so
@@ -144,6 +151,7 @@ class FastDecoder:
         self.batch_size = batch_size
         self.one_row_seconds: dict[str, float] = {}     # filled when measured,
         self.one_row_dense: set[str] = set()            # and which forms are dense
+        self.step_seconds: dict[str, float] = {}        # steps timed (choose_one_row_step)
         # its row of the formats' table, for this batch size (the kernel per batch size)
         fmt = format_of(precision, model.device, batch_size)
         forms = []
@@ -161,7 +169,9 @@ class FastDecoder:
                 if can_pack and pack is None:
                     pack = batch_size >= 2 or self.dtype == torch.bfloat16
                 self.prepare_weights(can_pack and bool(pack))
+        self.compiled = compile
         self.block = torch.compile(self._block, dynamic=True) if compile else self._block
+        self.one_row_step = None        # a subclass's whole step in C (FastGPT: onerow_step)
 
     def use_format(self, fmt: Format) -> None:
         """Take ``fmt`` (a row of :data:`llmcore.lowbit.FORMATS`, or its dense form) and what
@@ -197,7 +207,7 @@ class FastDecoder:
     def packable(self, fmt: Format) -> bool:
         """Whether ``fmt``'s matrices may be packed for oneDNN: a floating-point format (its
         matrices the model's, cast) in a dtype oneDNN multiplies on this model's device."""
-        return fmt.prepare is None and packed_linear_available(
+        return fmt.prepare is None and fmt.linear is None and packed_linear_available(
             self.model.device, fmt.dtype or self.model.dtype)
 
     def one_row_forms(self, fmt: Format) -> list[tuple[Format, bool]]:
@@ -207,7 +217,8 @@ class FastDecoder:
         float32, float32's kernels); each floating-point format plain (``addmm``) and, where
         oneDNN runs it, packed."""
         formats = [fmt] if fmt.dense_from is None else [fmt, dense(self.precision)]
-        native = ONE_ROW_FORMATS.get(self.precision)
+        own = "fp32" if self.model.dtype == torch.float32 else None
+        native = ONE_ROW_FORMATS.get(self.precision or own)
         if native is not None and native.available(self.model.device):
             formats.append(native)                    # llmcore's C kernel (llmcore.onerow)
         forms = []
@@ -219,7 +230,7 @@ class FastDecoder:
 
     def form_name(self, fmt: Format, packed: bool) -> str:
         """One (format, packed) form in a few words, for ``one_row_seconds`` and ``kernel``."""
-        if fmt.prepare is not None:
+        if fmt.prepare is not None or fmt.linear is not None:
             return fmt.kernel
         dtype = str(fmt.dtype or self.model.dtype).removeprefix("torch.")
         kernel = "oneDNN packed" if packed else "addmm"
@@ -269,12 +280,71 @@ class FastDecoder:
         self.one_row_dense = {self.form_name(fmt, packed) for fmt, packed in forms
                               if fmt.rounding is not None}
 
+    def step_in_c(self):
+        """This model's whole one-row decode step in C for the form now held, or None where
+        there is none (default; :class:`FastGPT`: :func:`llmcore.onerow_step.gpt_step_in_c`)."""
+        return None
+
+    def choose_one_row_step(self, rounds: int = ONE_ROW_ROUNDS) -> None:
+        """Set ``one_row_step``: the step in C (:meth:`step_in_c`) for the form kept, where it
+        can serve it. Where it cannot, but the precision's C form
+        (:data:`llmcore.lowbit.ONE_ROW_FORMATS`) was among the forms measured, the kept form's
+        step and the C form's step in C are timed against each other (``rounds`` rounds of a
+        few decode steps, medians), and the faster is kept: the step in C saves the per-op cost
+        of the rest of the step (chapter 13), which a pass of products alone does not see
+        (GPT-2 small in float32: addmm's products a little faster than the C kernel's, the
+        whole step in C 18 ms against 23 on the course's Intel Xeon). ``step_seconds`` keeps
+        both steps' times."""
+        self.one_row_step = self.step_in_c() if STEP_IN_C else None
+        own = "fp32" if self.model.dtype == torch.float32 else None
+        native = ONE_ROW_FORMATS.get(self.precision or own)
+        if (not STEP_IN_C or self.one_row_step is not None or native is None
+                or not self.one_row_seconds
+                or self.form_name(native, False) not in self.one_row_seconds):
+            return
+        kept = {name: getattr(self, name) for name in self.FORM_ATTRIBUTES}
+        self.use_format(native)
+        self.prepare_weights(False)
+        in_c = self.step_in_c()
+        native_form = {name: getattr(self, name) for name in self.FORM_ATTRIBUTES}
+        if in_c is None:                                # (cannot happen: same checks)
+            for name, value in kept.items():
+                setattr(self, name, value)
+            return
+        tries = {"kept": (kept, None), "in C": (native_form, in_c)}
+        seconds = {name: [] for name in tries}
+        steps = 3
+        with torch.inference_mode():
+            cache = StaticCache(self.model, 1, steps + 1, dtype=self.dtype)
+            tokens = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
+            positions = torch.arange(steps, device=self.model.device).view(steps, 1, 1)
+            for _ in range(rounds):
+                for name, (form, step) in tries.items():
+                    for attribute, value in form.items():
+                        setattr(self, attribute, value)
+                    self.one_row_step = step
+                    cache.length = 0
+                    begin = time.perf_counter()
+                    for t in range(steps):
+                        self.step(tokens, positions[t], cache, None)
+                    seconds[name].append((time.perf_counter() - begin) / steps)
+        typical = {name: statistics.median(times) for name, times in seconds.items()}
+        best = min(typical, key=typical.__getitem__)
+        for attribute, value in tries[best][0].items():
+            setattr(self, attribute, value)
+        self.one_row_step = tries[best][1]
+        kept_name = self.form_name(kept["format"], kept["packed"])
+        self.step_seconds = {f"a step with {kept_name}": typical["kept"],
+                             "a step in C with " + native.kernel.removeprefix("llmcore's "):
+                             typical["in C"]}
+
     @property
     def kernel(self) -> str:
         """The product this object runs, in words: its format's kernel, which of
         ``torch.addmm`` and oneDNN's packed product it kept for a floating-point format, and,
         when it measured its one-row forms, their times."""
-        if self.format.prepare is not None or self.format.rounding is not None:
+        if (self.format.prepare is not None or self.format.linear is not None
+                or self.format.rounding is not None):
             name = self.format.kernel
         else:
             name = "oneDNN's packed product" if self.packed else "torch.addmm"
@@ -282,6 +352,12 @@ class FastDecoder:
             times = ", ".join(f"{form} {seconds * 1e3:.1f} ms"
                               for form, seconds in self.one_row_seconds.items())
             name += f" (measured fastest for one row here, a pass: {times})"
+        if self.step_seconds:
+            times = ", ".join(f"{form} {seconds * 1e3:.1f} ms"
+                              for form, seconds in self.step_seconds.items())
+            name += f"; whole steps measured: {times}"
+        if self.one_row_step is not None:
+            name += "; one-token steps run whole in C (llmcore.onerow_step)"
         return name
 
     def prepare_matrix(self, weight: Tensor, *, head: bool = False):
@@ -331,6 +407,8 @@ class FastDecoder:
         """tokens, positions: (b, n) -> the last position's logits (b, v); cache gains n tokens.
         mask: (b, 1, n, m) bool, or None for the plain causal rule. No checks: the caller
         (:class:`FastStep`) validated everything once."""
+        if self.one_row_step is not None and tokens.shape == (1, 1) and mask is None:
+            return self.one_row_step(tokens, positions, cache)        # one call to C
         x = self.embed(tokens, positions)                                       # (b, n, d)
         rotation = self.rotation(positions)
         start = cache.length
@@ -517,6 +595,7 @@ class FastGPT(FastDecoder):
         ln_f = model.ln_f
         self.ln_f = (ln_f.scale.detach().to(self.stream_dtype),
                      ln_f.shift.detach().to(self.stream_dtype))
+        self.choose_one_row_step()                    # the whole step in C, where it serves
 
     def block_weights(self, block) -> GPTBlockWeights:
         attention, ffn = block.attention, block.ffn
@@ -556,6 +635,9 @@ class FastGPT(FastDecoder):
                         approximate="tanh")                           # (b n, f)
         out = self.linear(hidden, w.w_down, w.b_down)                 # (b n, d)
         return (rows + out).view(b, n, d)                             # residual
+
+    def step_in_c(self):
+        return gpt_step_in_c(self)
 
     def logits(self, last: Tensor) -> Tensor:
         """last: (b, d), the last position's residual stream -> logits (b, v)."""

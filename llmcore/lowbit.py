@@ -388,6 +388,9 @@ ONE_ROW_FORMATS = {
                    available=onerow.available,
                    kernel="llmcore's one-row int8 x int8 kernel (C, AVX-512 VNNI)"),
 }
+ONE_ROW_FORMATS["fp32"] = Format(
+    torch.float32, None, onerow.fp32_onerow, available=onerow.available, own=True,
+    kernel="llmcore's one-row float32 kernel (C, AVX-512)")
 ONE_ROW_FORMATS["int4"] = Format(
     torch.bfloat16, onerow.int4_rows, onerow.int4_onerow, head=ONE_ROW_FORMATS["int8"],
     available=onerow.available, kernel="llmcore's one-row int4 kernel (C, AVX-512)")

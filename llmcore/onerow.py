@@ -57,8 +57,12 @@ from torch.autograd import _profiler_enabled
 from .quantize import (INT4_GROUP_SIZE, int4_scale_offset, quantize_int4, quantize_int8,
                        unpack_int4)
 
-SOURCE = Path(__file__).with_name("native") / "onerow.c"
-"""The kernels' C source, shipped with the package."""
+SOURCES = (Path(__file__).with_name("native") / "onerow.c",
+           Path(__file__).with_name("native") / "step.c")
+HEADERS = (Path(__file__).with_name("native") / "bf16.h",)
+"""The kernels' C sources, shipped with the package, compiled into one library: the products
+(``onerow.c``) and a GPT's whole decode step at batch 1 on them (``step.c``,
+:mod:`llmcore.onerow_step`); the header both include (bfloat16 <-> float32)."""
 
 FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni",
          "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
@@ -67,7 +71,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 4
+VERSION = 5
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
@@ -138,20 +142,20 @@ def _private_folder(folder: Path) -> Path:
 
 
 def build(cc: str, folder: Path) -> Path:
-    """Compile :data:`SOURCE` with ``cc`` into ``folder`` (once: the file is named by a hash of
-    the source, the flags and the compiler) and return the library's path. Raises
+    """Compile :data:`SOURCES` with ``cc`` into ``folder`` (once: the file is named by a hash of
+    the sources, the flags and the compiler) and return the library's path. Raises
     RuntimeError with the compiler's message if compiling fails."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), cc.encode()]))
+    sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
+    key = hashlib.sha256(b"\0".join([*sources, " ".join(FLAGS).encode(), cc.encode()]))
     target = _private_folder(folder) / f"onerow-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
-        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)],
+        result = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(built)],
                                 capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
-            raise RuntimeError(f"{cc} could not compile {SOURCE.name}: "
+            raise RuntimeError(f"{cc} could not compile {' and '.join(s.name for s in SOURCES)}: "
                                f"{(result.stderr or result.stdout).strip()[:800]}")
         os.replace(built, target)                        # whole, or not at all
     return target
@@ -171,6 +175,10 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_w8a8_round_rows.restype = None
     library.llmcore_w8a8_scale_rows.argtypes = [_POINTER] * 5 + [_LONG, _LONG]
     library.llmcore_w8a8_scale_rows.restype = None
+    library.llmcore_fp32_onerow.argtypes = [_POINTER] * 4 + [_LONG, _LONG]
+    library.llmcore_fp32_onerow.restype = ctypes.c_int
+    library.llmcore_gpt_step.argtypes = [_POINTER] * 3 + [_LONG] * 5 + [_POINTER] * 2
+    library.llmcore_gpt_step.restype = ctypes.c_int
     return library
 
 
@@ -416,3 +424,39 @@ def int4_onerow(x: Tensor, w: Int4Rows, b: Tensor | None = None) -> Tensor:
     if status:
         raise MemoryError(f"int4_onerow: no memory for {rows} rows of {d_in} activations")
     return out
+
+
+def fp32_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """x (rows, d_in) float32 @ w, the model's own (d_in, d_out) float32 matrix (+ b (d_out,)
+    float32) -> (rows, d_out) float32. One row runs the C kernel: each thread reads a band of
+    w's rows front to back into its own partial sums, added at the end; several (a prompt)
+    run ``torch.addmm``. Chapter 13."""
+    if not (isinstance(w, Tensor) and w.dtype == torch.float32 and w.dim() == 2
+            and w.is_contiguous() and w.is_cpu):
+        raise ValueError(f"w: expected a contiguous float32 (d_in, d_out) matrix on the CPU, "
+                         f"got {getattr(w, 'dtype', type(w).__name__)} "
+                         f"{tuple(getattr(w, 'shape', ()))}")
+    d_in, d_out = w.shape
+    x = _checked_row(x, d_in, torch.float32, "x")
+    _check_bias(b, d_out, torch.float32, "b")
+    if x.shape[0] != 1:
+        return x @ w if b is None else torch.addmm(b, x, w)
+    out = torch.empty(1, d_out, dtype=torch.float32)
+    with _profiled("llmcore::fp32_onerow"):
+        status = _library().llmcore_fp32_onerow(
+            w.data_ptr(), None if b is None else b.data_ptr(), x.data_ptr(), out.data_ptr(),
+            d_out, d_in)
+    if status:
+        raise MemoryError(f"fp32_onerow: no memory for the threads' {d_out} partial sums")
+    return out
+
+
+def gpt_step(model: int, keys: int, values: int, capacity: int, bf16_cache: bool, token: int,
+             position: int, start: int, logits: int, product_seconds: int | None) -> int:
+    """The call of ``native/step.c``'s ``llmcore_gpt_step`` on addresses (the model's
+    description, the cache's keys and values, the logits, where the products' seconds are
+    added or None): 0, or -1 without memory. It checks nothing:
+    :class:`llmcore.onerow_step.GPTStepInC` describes and checks every tensor it reads."""
+    with _profiled("llmcore::gpt_step"):
+        return _library().llmcore_gpt_step(model, keys, values, capacity, int(bf16_cache),
+                                           token, position, start, logits, product_seconds)

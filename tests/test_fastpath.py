@@ -221,6 +221,8 @@ def test_one_row_measures_its_kernel_when_the_weights_do_not_fit_in_a_cache(monk
     assert fastpath.streams_from_memory(model, weights - 1)
     assert not fastpath.streams_from_memory(model, weights)
     assert weights < fastpath.PACK_ONE_ROW_ABOVE_BYTES
+    from llmcore import lowbit                   # PyTorch's two forms alone (the C one:
+    monkeypatch.delitem(lowbit.ONE_ROW_FORMATS, "fp32", raising=False)   # test_onerow_step)
     small = fast_model(model)
     assert not small.packed and not small.one_row_seconds and small.kernel == "torch.addmm"
     assert fast_model(model, pack=True).packed and not fast_model(model, batch_size=4,

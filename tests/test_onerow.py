@@ -303,7 +303,8 @@ def test_the_library_is_compiled_once_into_a_folder_only_its_user_may_write(tmp_
 @pytest.mark.parametrize("precision", ["w8a8", "int8", "bf16", "int4"])
 def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, monkeypatch):
     """One row of a model that streams from memory (the threshold set to 0) measures the C
-    kernel beside PyTorch's; made the only fast one (every other form slowed), it is kept,
+    kernel beside PyTorch's (each step in PyTorch, STEP_IN_C off: the products' choice
+    alone); made the only fast one (every other form slowed), it is kept,
     and its logits over a prompt and three tokens are PyTorch's kernel's: w8a8's to
     float32's last bits (the prompt's several rows take torch._int_mm, the steps' one row
     the C kernel), int8's, bf16's and int4's to bfloat16's rounding (int4's head, in int8,
@@ -312,6 +313,7 @@ def test_the_fast_path_measures_the_c_kernel_and_keeps_its_numbers(precision, mo
     if not lowbit.ONE_ROW_FORMATS[precision].available(torch.device("cpu")):
         pytest.skip(f"no one-row C kernel for {precision} on this CPU")
     monkeypatch.setattr(fastpath, "PACK_ONE_ROW_ABOVE_BYTES", 0)
+    monkeypatch.setattr(fastpath, "STEP_IN_C", False)   # the products' choice alone
     model = model_of("gpt", seed=4)
     prompt, follow = token_ids(model.config, 1, 6), token_ids(model.config, 1, 3, seed=5)
     def slowed(product):

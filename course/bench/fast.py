@@ -472,7 +472,7 @@ PRODUCT_OPS = frozenset({
     "aten::_weight_int4pack_mm_for_cpu", "aten::_int_mm",
     "quantized::linear_with_input_q_dq_qweight_dq_output_fp32",
     "llmcore::bf16_onerow", "llmcore::int8_onerow", "llmcore::w8a8_onerow",
-    "llmcore::int4_onerow"})
+    "llmcore::int4_onerow", "llmcore::fp32_onerow"})
 """The profiler's names of the fast path's matrix products (one per precision's kernel; none
 calls another), whose time :func:`product_seconds` adds up; ``llmcore::`` names are
 :mod:`llmcore.onerow`'s C kernels, which it records while a profiler runs."""
@@ -485,9 +485,24 @@ def product_seconds(fast: FastDecoder, b: int, context: int,
     """Where a decode step's time goes, under ``torch.profiler`` over ``steps`` steps after
     ``context`` cached tokens: the seconds per step spent in the matrix products
     (:data:`PRODUCT_OPS`, their total CPU time), the products per step, and the profiled
-    step's own seconds (the profiler adds its cost to every op)."""
+    step's own seconds (the profiler adds its cost to every op). A step run whole in C
+    (``fast.one_row_step``, :mod:`llmcore.onerow_step`) is one call the profiler cannot see
+    into: its products are timed by its own clocks around each one, unprofiled."""
     from torch.profiler import ProfilerActivity, profile
     step = primed_step(fast, b, context)
+    in_c = fast.one_row_step
+    if in_c is not None and b == 1:       # one call to C: its own clocks time the products
+        in_c.product_seconds = 0.0
+        try:
+            with torch.inference_mode():
+                begin = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                seconds_a_step = (time.perf_counter() - begin) / steps
+            products = 4 * len(fast.blocks) + 1
+            return in_c.product_seconds / steps, products, seconds_a_step
+        finally:
+            in_c.product_seconds = None
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as profiled:
         begin = time.perf_counter()
         for _ in range(steps):

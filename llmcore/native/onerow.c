@@ -25,25 +25,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 4; }
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {        /* round to nearest, ties to even */
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);   /* NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+int llmcore_onerow_version(void) { return 5; }
 
 static inline __mmask64 tail_mask(long k, long end) {
     long left = end - k;
