@@ -24,6 +24,9 @@ and 16 rows (a prompt) in 15 ms against 21, measured together.
   code's value looked up in a table of sixteen, float32 sums), for one row and for several
   (a prompt), a row giving the same numbers alone and in a batch.
 * :func:`bf16_onerow`: the "bf16" precision's product of one row (AVX512-BF16).
+* :func:`fp32_onerow`: float32's product of one row on the model's own (d_in, d_out) matrix,
+  for the whole step in C (:mod:`llmcore.onerow_step`, ``native/step.c``, which
+  :func:`gpt_step` calls).
 
 The C file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
 a cache folder of the user's (``$XDG_CACHE_HOME/llmcore`` or ``~/.cache/llmcore``, private
