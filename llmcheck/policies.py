@@ -59,9 +59,9 @@ allocator, the paged cache, the paged batch), in a learner's subclass too: for e
 asks for them written by hand."""
 
 DECODING = tuple(CodeOf(f"llmcore.{name}")
-                 for name in ("generate", "decode", "sampling", "fastpath"))
+                 for name in ("generate", "decode", "sampling", "fastpath", "onerow_step"))
 """llmcore's decoding code: the generate, decode, sampling and fast-path modules (their loops,
-steps and pickers)."""
+steps and pickers; the fast path's whole step in C, ``onerow_step``, included)."""
 
 GENERATION = (*ORDINARY, "llmcore.generate", *DECODING)
 """No library generation: every llmcore function with generate in its name and all of llmcore's

@@ -98,6 +98,11 @@ small's block products in 8-9 ms in some seconds and 16-20 ms in others; float32
 ms)."""
 
 
+CLEARLY_FASTER = 1.5
+"""When two whole steps are timed (:meth:`FastDecoder.choose_one_row_step`), two rounds suffice
+if the best of one is this many times the other's: a generate(fast=True) call, which prepares
+its fast model each time, does not pay for rounds that cannot change the choice."""
+
 STEP_IN_C = True
 """Whether a one-token step at batch 1 may run whole in C (:mod:`llmcore.onerow_step`, where it
 serves the model and its kernels: :meth:`FastDecoder.choose_one_row_step`). False keeps every
@@ -136,7 +141,9 @@ class FastDecoder:
     the rounded weights in float32), made here from
     the weights of this moment; ``dtype`` is the matrices' activations and the KV cache's
     dtype (bfloat16; float32 for w8a8, whose kernel rounds float32 activations itself), and
-    ``stream_dtype`` the residual stream's (float32). A subclass names its block's weights
+    ``stream_dtype`` the residual stream's (float32). At batch 1 on a CPU a GPT's one-token
+    steps may run whole in C (``one_row_step``, :meth:`choose_one_row_step`), where that is
+    the faster step. A subclass names its block's weights
     (``block_weights``) and its head (``head_matrix``) and writes ``embed``, ``_block`` and
     ``logits``. Chapters 7 and 13.
     """
@@ -149,6 +156,7 @@ class FastDecoder:
         self.group = c.n_heads // c.kv_heads
         self.window = getattr(c, "sliding_window", None)      # Mistral's; None: every key
         self.batch_size = batch_size
+        self.chosen = compile or pack is not None      # the caller chose the kernels
         self.one_row_seconds: dict[str, float] = {}     # filled when measured,
         self.one_row_dense: set[str] = set()            # and which forms are dense
         self.step_seconds: dict[str, float] = {}        # steps timed (choose_one_row_step)
@@ -287,20 +295,23 @@ class FastDecoder:
 
     def choose_one_row_step(self, rounds: int = ONE_ROW_ROUNDS) -> None:
         """Set ``one_row_step``: the step in C (:meth:`step_in_c`) for the form kept, where it
-        can serve it. Where it cannot, but the precision's C form
-        (:data:`llmcore.lowbit.ONE_ROW_FORMATS`) was among the forms measured, the kept form's
-        step and the C form's step in C are timed against each other (``rounds`` rounds of a
-        few decode steps, medians), and the faster is kept: the step in C saves the per-op cost
-        of the rest of the step (chapter 13), which a pass of products alone does not see
-        (GPT-2 small in float32: addmm's products a little faster than the C kernel's, the
-        whole step in C 18 ms against 23 on the course's Intel Xeon). ``step_seconds`` keeps
-        both steps' times."""
+        can serve it. Where it cannot, at batch 1 on a CPU where the precision's C form runs
+        (:data:`llmcore.lowbit.ONE_ROW_FORMATS`) and the caller chose no kernel (``pack=``,
+        ``compile=``), the kept form's step and the C form's step in C are timed against each
+        other (``rounds`` rounds of a few decode steps, medians), and the faster is kept. The
+        step in C saves the per-op cost of the rest of the step (chapter 13), which a pass of
+        products alone does not see (GPT-2 small in float32: addmm's products a little faster
+        than the C kernel's, the whole step in C 18 ms against 23 on the course's Intel Xeon),
+        and a model that stays in the CPU's cache, whose forms are not measured, is mostly that
+        cost (the 4M model in w8a8: 0.16 ms a step in C, 1.25 ms in PyTorch's operators).
+        ``step_seconds`` keeps both steps' times."""
         self.one_row_step = self.step_in_c() if STEP_IN_C else None
         own = "fp32" if self.model.dtype == torch.float32 else None
         native = ONE_ROW_FORMATS.get(self.precision or own)
-        if (not STEP_IN_C or self.one_row_step is not None or native is None
-                or not self.one_row_seconds
-                or self.form_name(native, False) not in self.one_row_seconds):
+        device = self.model.device
+        if (not STEP_IN_C or self.one_row_step is not None or native is None or self.chosen
+                or self.batch_size != 1 or device.type != "cpu"
+                or not native.available(device)):
             return
         kept = {name: getattr(self, name) for name in self.FORM_ATTRIBUTES}
         self.use_format(native)
@@ -315,19 +326,24 @@ class FastDecoder:
         seconds = {name: [] for name in tries}
         steps = 3
         with torch.inference_mode():
-            cache = StaticCache(self.model, 1, steps + 1, dtype=self.dtype)
+            caches = {name: StaticCache(self.model, 1, steps + 1, dtype=form["dtype"])
+                      for name, (form, _) in tries.items()}
             tokens = torch.zeros(1, 1, dtype=torch.long, device=self.model.device)
             positions = torch.arange(steps, device=self.model.device).view(steps, 1, 1)
-            for _ in range(rounds):
+            for done in range(1, rounds + 1):
                 for name, (form, step) in tries.items():
                     for attribute, value in form.items():
                         setattr(self, attribute, value)
                     self.one_row_step = step
+                    cache = caches[name]
                     cache.length = 0
                     begin = time.perf_counter()
                     for t in range(steps):
                         self.step(tokens, positions[t], cache, None)
                     seconds[name].append((time.perf_counter() - begin) / steps)
+                quick, slow = sorted(min(times) for times in seconds.values())
+                if done >= 2 and slow > CLEARLY_FASTER * quick:
+                    break                           # no need for more rounds
         typical = {name: statistics.median(times) for name, times in seconds.items()}
         best = min(typical, key=typical.__getitem__)
         for attribute, value in tries[best][0].items():

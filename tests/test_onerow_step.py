@@ -118,7 +118,8 @@ def test_it_serves_only_what_it_computes(monkeypatch):
     assert "not a FastLlama's" in why_not(fast_model(model_of("llama"), precision="w8a8"))
     monkeypatch.setitem(lowbit.FORMATS, "w8a8", lowbit.FORMATS["int8"]._replace(
         dense_from=None))                           # PyTorch's weight-only kernel
-    assert "C kernels" in why_not(fast_model(gpt, precision="w8a8"))
+    # (pack= chooses the kernels: the C step is not timed against them)
+    assert "C kernels" in why_not(fast_model(gpt, precision="w8a8", pack=False))
     calls = []
     fast = fast_model(gpt, precision="fp32")
     if fast.one_row_step is None:
@@ -172,3 +173,27 @@ def test_the_step_in_c_is_timed_against_pytorchs_step_when_the_products_chose_py
     assert len(fast.step_seconds) == 2 and "whole steps measured" in fast.kernel
     faster = min(fast.step_seconds, key=fast.step_seconds.get)
     assert (fast.one_row_step is not None) == faster.startswith("a step in C")
+
+
+@pytest.mark.parametrize("precision", [None, "w8a8", "int4"])
+def test_a_model_in_the_cache_times_the_step_in_c_too_unless_the_caller_chose(precision):
+    """A model that stays in the CPU's cache measures no product forms, but its step is mostly
+    the per-op cost the step in C saves: at batch 1 both whole steps are timed and the faster
+    kept, with its logits the PyTorch step's; ``pack=`` (the caller's choice) keeps PyTorch's."""
+    model = model_of("gpt", seed=10)
+    assert not fastpath.streams_from_memory(model)
+    fast = fast_model(model, precision=precision)
+    assert not fast.one_row_seconds and len(fast.step_seconds) == 2, fast.kernel
+    faster = min(fast.step_seconds, key=fast.step_seconds.get)
+    assert (fast.one_row_step is not None) == faster.startswith("a step in C")
+    chosen = fast_model(model, precision=precision, pack=False)
+    assert chosen.one_row_step is None and not chosen.step_seconds
+    prompt, follow = token_ids(model.config, 1, 4), token_ids(model.config, 1, 6, seed=3)
+    logits = []
+    for each in (fast, chosen):
+        step = FastStep(each, model, prompt, follow.shape[1], None)
+        logits.append(torch.cat([step(prompt)] + [step(follow[:, t:t + 1])
+                                                 for t in range(follow.shape[1])]))
+    scale = float(logits[1].abs().max())
+    tolerance = TOLERANCE[precision or "fp32"] * (10 if precision == "int4" else 1)
+    assert float((logits[0] - logits[1]).abs().max()) / scale < tolerance
