@@ -189,28 +189,46 @@ class GPTStepInC:
         model, fast, g = self.fast.model, self.fast, self.model
         embedding, positions_table = model.token_embedding, model.position_embedding
         if not (embedding.dtype == positions_table.dtype == torch.float32
-                and embedding.is_contiguous() and positions_table.is_contiguous()):
-            raise ValueError("GPTStepInC: the model's embeddings are no longer contiguous "
-                             "float32 tensors; build a new fast path")
+                and embedding.is_contiguous() and positions_table.is_contiguous()
+                and embedding.is_cpu and positions_table.is_cpu
+                and tuple(embedding.shape) == (g.vocab, self.d)
+                and positions_table.dim() == 2 and positions_table.shape[1] == self.d):
+            raise ValueError(f"GPTStepInC: expected the model's embeddings as contiguous "
+                             f"float32 CPU tensors ({g.vocab}, {self.d}) and (positions, "
+                             f"{self.d}), got {embedding.dtype} {tuple(embedding.shape)} and "
+                             f"{positions_table.dtype} {tuple(positions_table.shape)}; build a "
+                             f"new fast path")
         token, position = int(tokens[0, 0]), int(positions[0, 0])
         if not (0 <= token < g.vocab and 0 <= position < positions_table.shape[0]):
             raise IndexError(f"token {token} or position {position} out of range "
                              f"({g.vocab} tokens, {positions_table.shape[0]} positions)")
-        start, capacity = cache.length, cache.keys.shape[3]
-        if start >= capacity or cache.keys.dtype != self.dtype:
-            raise ValueError(f"GPTStepInC: the cache holds {capacity} {cache.keys.dtype} rows, "
-                             f"{start} filled; expected room for one more in {self.dtype}")
+        keys, values = cache.keys, cache.values
+        capacity = keys.shape[3] if keys.dim() == 5 else 0
+        shape = (g.layers, 1, g.kv_heads, capacity, g.d_head)
+        if not all(t.dtype == self.dtype and tuple(t.shape) == shape and t.is_contiguous()
+                   and t.is_cpu for t in (keys, values)):
+            raise ValueError(f"GPTStepInC: expected the cache's keys and values as contiguous "
+                             f"{self.dtype} CPU tensors (layers, 1, kv_heads, capacity, "
+                             f"d_head) = {shape}, got {keys.dtype} {tuple(keys.shape)} and "
+                             f"{values.dtype} {tuple(values.shape)}")
+        start = cache.length
+        if not 0 <= start < capacity:
+            raise ValueError(f"GPTStepInC: the cache holds {capacity} {keys.dtype} rows, "
+                             f"{start} filled; expected room for one more")
         g.token_embedding = embedding.data_ptr()
         g.position_embedding = positions_table.data_ptr()
         if fast.head is None:                    # float32's own (d, v) projection
             head = fast.output_matrix()
+            if tuple(head.shape) != (self.d, g.vocab) or not head.is_contiguous():
+                raise ValueError(f"GPTStepInC: expected the output projection as a contiguous "
+                                 f"({self.d}, {g.vocab}) matrix, got {tuple(head.shape)}")
             g.head = Matrix(KIND_FP32, self.d, head.shape[1], 0, head.data_ptr(), None, None,
                             None)
         logits = torch.empty(1, g.vocab, dtype=torch.float32)
         timing = self.product_seconds is not None
         self._spent.value = 0.0
-        status = onerow.gpt_step(ctypes.addressof(g), cache.keys.data_ptr(),
-                                 cache.values.data_ptr(), capacity,
+        status = onerow.gpt_step(ctypes.addressof(g), keys.data_ptr(), values.data_ptr(),
+                                 capacity,
                                  self.dtype == torch.bfloat16, token, position, start,
                                  logits.data_ptr(),
                                  ctypes.addressof(self._spent) if timing else None)

@@ -148,8 +148,15 @@ def test_bad_tokens_positions_and_caches_are_refused_before_c_reads_memory(monke
     with pytest.raises(ValueError, match="4 torch.float32 rows, 4 filled"):
         in_c(one, one, cache)
     wrong = StaticCache(model, 1, 4, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="expected room for one more in torch.float32"):
+    with pytest.raises(ValueError, match="got torch.bfloat16"):
         in_c(one, one, wrong)
+    other = model_of("llama")                          # 2 K/V heads of 16: another shape
+    with pytest.raises(ValueError, match=r"\(2, 1, 4, 4, 16\), got torch.float32 "
+                                         r"\(2, 1, 2, 4, 16\)"):
+        in_c(one, one, StaticCache(other, 1, 4, dtype=torch.float32))
+    batch = StaticCache(model, 2, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="layers, 1, kv_heads"):
+        in_c(one, one, batch)
     with pytest.raises(ValueError, match="batch 1"):
         GPTStepInC(fast_model(model, batch_size=2, precision="w8a8"))
 
