@@ -61,6 +61,7 @@ int llmcore_int4_rows(const uint32_t *, const uint16_t *, const uint16_t *, cons
                       const uint16_t *, uint16_t *, long, long, long, long);
 
 #define FP32_AHEAD 512               /* bytes ahead in each float32 row */
+#define ATTEND_ALONE_BELOW 65536     /* attention's multiply-adds a thread does alone */
 
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
@@ -226,7 +227,7 @@ static void attend(const llmcore_gpt *g, const float *q, const float *k, const f
         }
     const long n = start + 1;
     const float scale = 1.f / sqrtf((float)dh);
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (n * dh * g->heads >= ATTEND_ALONE_BELOW)
     for (long h = 0; h < g->heads; h++) {
         const long rows = (h / group) * cap * dh;       /* this head's K/V rows begin */
         float *s = scores + h * cap, most = -INFINITY;
