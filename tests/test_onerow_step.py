@@ -204,3 +204,21 @@ def test_a_model_in_the_cache_times_the_step_in_c_too_unless_the_caller_chose(pr
     scale = float(logits[1].abs().max())
     tolerance = TOLERANCE[precision or "fp32"] * (10 if precision == "int4" else 1)
     assert float((logits[0] - logits[1]).abs().max()) / scale < tolerance
+
+
+LONG_GPT = GPTConfig(vocab_size=64, max_seq_len=320, d_model=256, n_heads=8, n_layers=1)
+"""A cache past 256 keys of 8 heads of 32: attention's 65536 multiply-adds a step, from which
+native/step.c shares the heads among the threads (ATTEND_ALONE_BELOW)."""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_attention_over_a_long_cache_on_every_thread_gives_the_same_logits(precision,
+                                                                           monkeypatch):
+    forced(precision, monkeypatch)
+    model = randomize(GPT(LONG_GPT), seed=11, std=0.1).eval()
+    prompt, follow = token_ids(model.config, 1, 250), token_ids(model.config, 1, 12, seed=4)
+    _, ours = logits_of(model, precision, prompt, follow, in_c=True, monkeypatch=monkeypatch)
+    _, theirs = logits_of(model, precision, prompt, follow, in_c=False,
+                          monkeypatch=monkeypatch)
+    error = float((ours - theirs).abs().max() / theirs.abs().max())
+    assert error < TOLERANCE[precision], error
