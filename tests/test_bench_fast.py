@@ -208,10 +208,12 @@ def test_each_precision_is_held_against_its_peer_and_a_goal_not_held_shows_its_p
                 assert not any(line.startswith(profile) for line in lines)
 
 
-def test_a_goal_against_fp32_prints_the_read_rate_it_needs():
+def test_a_goal_against_fp32_prints_the_read_rate_it_needs(monkeypatch):
     """Under each goal against fp32 the profile prints the ratio of the products' read rates
     and the least one that goal needs: goal / (fp32's bytes / the precision's bytes), since
-    the rest of a step adds to both."""
+    the rest of a step adds to both. (The step in C is off: for this cached model it is timed
+    against PyTorch's step, and the two runs below could keep forms of different bytes.)"""
+    monkeypatch.setattr("llmcore.fastpath.STEP_IN_C", False)
     out = io.StringIO()
     model = fast.GPT(fast.TINY, seed=0)
     fast.precision_bounds(out, "GPT-2 small", model, 1e10, fast.QUICK, checked=False)
