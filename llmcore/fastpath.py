@@ -227,8 +227,7 @@ class FastDecoder:
         float32, float32's kernels); each floating-point format plain (``addmm``) and, where
         oneDNN runs it, packed."""
         formats = [fmt] if fmt.dense_from is None else [fmt, dense(self.precision)]
-        own = "fp32" if self.model.dtype == torch.float32 else None
-        native = ONE_ROW_FORMATS.get(self.precision or own)
+        native = self.one_row_c_form()
         if native is not None and native.available(self.model.device):
             formats.append(native)                    # llmcore's C kernel (llmcore.onerow)
         forms = []
@@ -237,6 +236,17 @@ class FastDecoder:
             if self.packable(each):
                 forms.append((each, True))
         return forms
+
+    def one_row_c_form(self) -> Format | None:
+        """This precision's C form for one row (:data:`llmcore.lowbit.ONE_ROW_FORMATS`; a float32
+        model's own precision is "fp32"), or None where it has none."""
+        own = "fp32" if self.model.dtype == torch.float32 else None
+        return ONE_ROW_FORMATS.get(self.precision or own)
+
+    def take_form(self, form: dict) -> None:
+        """Hold ``form``: the :data:`FORM_ATTRIBUTES` of one prepared form, by name."""
+        for name, value in form.items():
+            setattr(self, name, value)
 
     def form_name(self, fmt: Format, packed: bool) -> str:
         """One (format, packed) form in a few words, for ``one_row_seconds`` and ``kernel``."""
@@ -283,8 +293,7 @@ class FastDecoder:
                     passes[i].append(time.perf_counter() - begin)
         typical = [statistics.median(seconds) for seconds in passes]
         fastest = min(range(len(forms)), key=typical.__getitem__)
-        for name, value in prepared[fastest].items():
-            setattr(self, name, value)
+        self.take_form(prepared[fastest])
         self.one_row_seconds = {self.form_name(*form): seconds
                                 for form, seconds in zip(forms, typical)}
         self.one_row_dense = {self.form_name(fmt, packed) for fmt, packed in forms
@@ -308,8 +317,7 @@ class FastDecoder:
         cost (the 4M model in w8a8: 0.16 ms a step in C, 1.25 ms in PyTorch's operators).
         ``step_seconds`` keeps both steps' times."""
         self.one_row_step = self.step_in_c() if STEP_IN_C else None
-        own = "fp32" if self.model.dtype == torch.float32 else None
-        native = ONE_ROW_FORMATS.get(self.precision or own)
+        native = self.one_row_c_form()
         device = self.model.device
         if (not STEP_IN_C or self.one_row_step is not None or native is None or self.chosen
                 or self.batch_size != 1 or device.type != "cpu"
@@ -321,8 +329,7 @@ class FastDecoder:
         in_c = self.step_in_c()
         native_form = {name: getattr(self, name) for name in self.FORM_ATTRIBUTES}
         if in_c is None:                                # (cannot happen: same checks)
-            for name, value in kept.items():
-                setattr(self, name, value)
+            self.take_form(kept)
             return
         tries = {"kept": (kept, None), "in C": (native_form, in_c)}
         seconds = {name: [] for name in tries}
@@ -334,8 +341,7 @@ class FastDecoder:
             positions = torch.arange(steps, device=self.model.device).view(steps, 1, 1)
             for done in range(1, rounds + 1):
                 for name, (form, step) in tries.items():
-                    for attribute, value in form.items():
-                        setattr(self, attribute, value)
+                    self.take_form(form)
                     self.one_row_step = step
                     cache = caches[name]
                     cache.length = 0
@@ -348,8 +354,7 @@ class FastDecoder:
                     break                           # no need for more rounds
         typical = {name: statistics.median(times) for name, times in seconds.items()}
         best = min(typical, key=typical.__getitem__)
-        for attribute, value in tries[best][0].items():
-            setattr(self, attribute, value)
+        self.take_form(tries[best][0])
         self.one_row_step = tries[best][1]
         kept_name = self.form_name(kept["format"], kept["packed"])
         self.step_seconds = {f"a step with {kept_name}": typical["kept"],
