@@ -116,7 +116,8 @@ def decode_steps(model, prompt_ids: Tensor, max_new_tokens: int, *,
     """
     step = make_step(model, prompt_ids, max_new_tokens, **step_options)
     pick = token_picker(temperature=temperature, top_k=top_k, seed=seed,
-                        b=prompt_ids.shape[0], device=prompt_ids.device)
+                        b=prompt_ids.shape[0], device=prompt_ids.device,
+                        native=step_options.get("fast", False) is not False)
     return decode(step, prompt_ids, max_new_tokens, pick=pick)
 
 

@@ -23,7 +23,10 @@ and 16 rows (a prompt) in 15 ms against 21, measured together.
 * :func:`int4_onerow`: the "int4" precision's weight-only product (4-bit codes in groups, each
   code's value looked up in a table of sixteen, float32 sums), for one row and for several
   (a prompt), a row giving the same numbers alone and in a batch.
-* :func:`bf16_onerow`: the "bf16" precision's product of one row (AVX512-BF16).
+* :func:`bf16_onerow`: the "bf16" precision's product of one row (AVX512-BF16), and of a
+  few (a short prompt) with the same sums done as float32 multiply-adds, which this CPU runs
+  four times as fast as AVX512-BF16's dot product.
+* :func:`argmax_rows`: the greedy pick of a step's logits (the fast path's).
 * :func:`fp32_onerow`: float32's product of one row on the model's own (d_in, d_out) matrix,
   for the whole step in C (:mod:`llmcore.onerow_step`, ``native/step.c``, which
   :func:`gpt_step` calls).
@@ -74,7 +77,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 5
+VERSION = 6
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
@@ -172,6 +175,10 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_int8_onerow.restype = ctypes.c_int
     library.llmcore_bf16_onerow.argtypes = [_POINTER] * 4 + [_LONG, _LONG]
     library.llmcore_bf16_onerow.restype = ctypes.c_int
+    library.llmcore_bf16_rows.argtypes = [_POINTER] * 4 + [_LONG] * 3
+    library.llmcore_bf16_rows.restype = ctypes.c_int
+    library.llmcore_argmax_rows.argtypes = [_POINTER] * 2 + [_LONG, _LONG, ctypes.c_int]
+    library.llmcore_argmax_rows.restype = None
     library.llmcore_int4_rows.argtypes = [_POINTER] * 6 + [_LONG] * 4
     library.llmcore_int4_rows.restype = ctypes.c_int
     library.llmcore_w8a8_round_rows.argtypes = [_POINTER] * 3 + [_LONG, _LONG]
@@ -352,20 +359,57 @@ def bf16_rows(weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
     return weight.detach().t().to(torch.bfloat16).contiguous()
 
 
+BF16_ROWS_AT_MOST = 8
+"""The most rows ``lowbit.ONE_ROW_FORMATS["bf16"]`` sends to :func:`bf16_onerow`: GPT-2 small's
+48 block matrices took, on the course's Xeon (2 cores, measured together with ``F.linear``),
+12 ms for 2 or 4 rows against 19 ms, 18 ms for 8 against 20, and 30 ms for 16 against 20 (its
+multiply-adds, not its reads, bound the kernel from there: oneDNN's blocked products win)."""
+
+
 def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """x (1, d_in) bfloat16, one row, @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b
-    (d_out,) bfloat16) -> (1, d_out) bfloat16: float32 sums of bfloat16 products, one rounding
-    (``lowbit.ONE_ROW_FORMATS["bf16"]`` sends several rows to ``F.linear``). Chapter 13."""
+    """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
+    bfloat16) -> (rows, d_out) bfloat16: float32 sums of bfloat16 products, one rounding. One
+    row streams w once; several (a prompt) take four outputs' weights at a time for four rows
+    at a time, each weight read from memory once, with each row's sums those of a row alone
+    (a row gives the same numbers alone and in a batch). ``lowbit.ONE_ROW_FORMATS["bf16"]``
+    sends more than :data:`BF16_ROWS_AT_MOST` rows to ``F.linear``. Chapter 13."""
     d_out, d_in = w.shape
-    x = _one_row(x, d_in, torch.bfloat16)
+    x = _checked_row(x, d_in, torch.bfloat16, "x")
     _check_bias(b, d_out, torch.bfloat16, "b")
     if w.dtype != torch.bfloat16 or not w.is_contiguous():
         raise ValueError(f"w: expected a contiguous bfloat16 (d_out, d_in) matrix, got "
                          f"{w.dtype}")
-    out = torch.empty(1, d_out, dtype=torch.bfloat16)
+    rows = x.shape[0]
+    out = torch.empty(rows, d_out, dtype=torch.bfloat16)
+    bias = None if b is None else b.data_ptr()
     with _profiled("llmcore::bf16_onerow"):
-        _library().llmcore_bf16_onerow(w.data_ptr(), None if b is None else b.data_ptr(),
-                                       x.data_ptr(), out.data_ptr(), d_out, d_in)
+        if rows == 1:
+            _library().llmcore_bf16_onerow(w.data_ptr(), bias, x.data_ptr(), out.data_ptr(),
+                                           d_out, d_in)
+        elif rows and _library().llmcore_bf16_rows(w.data_ptr(), bias, x.data_ptr(),
+                                                   out.data_ptr(), rows, d_out, d_in):
+            raise MemoryError(f"bf16_onerow: no memory for {rows} rows of {d_in} activations")
+    return out
+
+
+def argmax_rows(logits: Tensor) -> Tensor:
+    """The index of each row's first largest value: logits (b, v) float32 or bfloat16 on the
+    CPU -> (b,) int64, ``torch.argmax(logits, dim=-1)``'s answer (a NaN counts as the
+    largest), found in C: PyTorch's argmax took 110 us (float32) and 250 us (bfloat16) for
+    GPT-2's 50257 logits on the course's Xeon, a step in C takes a few (the greedy pick of
+    :func:`llmcore.sampling.token_picker` on the fast path). Other dtypes and devices are
+    refused by name."""
+    if not (isinstance(logits, Tensor) and logits.is_cpu and logits.dim() == 2
+            and logits.dtype in (torch.float32, torch.bfloat16) and logits.shape[1] > 0):
+        raise ValueError(f"logits: expected a (b, v) float32 or bfloat16 matrix with v > 0 on "
+                         f"the CPU, got {getattr(logits, 'dtype', type(logits).__name__)} "
+                         f"{tuple(getattr(logits, 'shape', ()))} on "
+                         f"{getattr(logits, 'device', '-')}")
+    logits = logits.contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.long)
+    with _profiled("llmcore::argmax_rows"):
+        _library().llmcore_argmax_rows(logits.data_ptr(), out.data_ptr(), logits.shape[0],
+                                       logits.shape[1], int(logits.dtype == torch.bfloat16))
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Generator, Tensor
 
+from . import onerow
 from .masks import NEG_INF
 from .shapes import check_shape, check_tensor
 from .softmax import softmax
@@ -75,14 +76,29 @@ def sample(logits: Tensor, *, temperature: float = 0.0,
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+def greedy_in_c(logits: Tensor) -> Tensor:
+    """The greedy pick, logits (b, v) -> (b,) long, found by llmcore's C argmax
+    (:func:`llmcore.onerow.argmax_rows`) for float32 or bfloat16 logits on the CPU and by
+    ``torch.argmax`` for any other: the same index either way (each row's first largest, a
+    NaN counting as the largest). PyTorch's argmax takes 110-250 us for GPT-2's 50257
+    logits on the course's Xeon, as long as a whole layer of a decode step in C. Chapter 7."""
+    if (logits.is_cpu and logits.dim() == 2 and logits.shape[1] > 0
+            and logits.dtype in (torch.float32, torch.bfloat16)):
+        return onerow.argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
 def token_picker(*, temperature: float, top_k: int | None, seed: int | Sequence[int] | None,
-                 b: int, device) -> Pick:
+                 b: int, device, native: bool = False) -> Pick:
     """The pick of one generation call over b sequences: :func:`sample` with these settings and
     the generators ``seed`` asks for (one for the batch, or one per sequence), checked once
-    here; greedy is the plain argmax. Chapter 6."""
+    here; greedy is the plain argmax, and with ``native`` (the fast path's pick) the same
+    argmax in C (:func:`greedy_in_c`) where llmcore's kernels run on ``device``. Chapter 6."""
     check_settings(temperature, top_k)
     generators = seeded_generators(seed, b, device)
     if temperature == 0:
+        if native and onerow.available(device):
+            return greedy_in_c
         return functools.partial(torch.argmax, dim=-1)
     generator = generators[0] if generators is not None and isinstance(seed, int) else generators
     return functools.partial(sample, temperature=temperature, top_k=top_k, generator=generator)

@@ -183,7 +183,8 @@ needs_bf16 = pytest.mark.skipif(not onerow.bf16_available(),
 def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
     """float32 sums of bfloat16 products, rounded once to bfloat16: within a bfloat16 step of
     the float64 product (+ bias), as close as PyTorch's own bfloat16 product; the one-row form
-    sends several rows to ``F.linear`` on the same matrix, and the C kernel refuses them."""
+    sends a few rows to the C kernel, each row's numbers its numbers alone, and more rows to
+    ``F.linear`` on the same matrix."""
     d_in, d_out = shape
     g = torch.Generator().manual_seed(d_in)
     weight = torch.randn(d_in, d_out, generator=g)
@@ -198,10 +199,76 @@ def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
         step = 2 ** -7 * want.abs().amax()
         assert float((got - want).abs().max()) <= step
         assert float((got - want).abs().max()) <= float((pytorchs - want).abs().max()) + step
-    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(x, w, bias),
-                       torch.nn.functional.linear(x, w, bias))
-    with pytest.raises(ValueError, match=r"x: this kernel takes one row \(1, \d+\), got 4"):
-        onerow.bf16_onerow(x, w, bias)
+    alone = torch.cat([onerow.bf16_onerow(row, w, bias) for row in x.split(1)])
+    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(x, w, bias), alone)
+    many = rows_of_all_sizes(onerow.BF16_ROWS_AT_MOST + 1, d_in, seed=1).bfloat16()
+    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(many, w, bias),
+                       torch.nn.functional.linear(many, w, bias))
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 13])
+def test_a_few_rows_of_bf16_give_each_row_its_numbers_alone(rows):
+    """The kernel for a few rows does AVX512-BF16's dot product as two float32 multiply-adds
+    (odd halves, then even): every row's outputs equal, bit for bit, those of the one-row
+    kernel (vdpbf16ps) on that row alone, whatever the rows beside it, with 1 or 2 threads."""
+    d_in, d_out = 100, 37                               # a masked tail, d_out not of 4
+    g = torch.Generator().manual_seed(rows)
+    w = onerow.bf16_rows(torch.randn(d_in, d_out, generator=g))
+    bias = torch.randn(d_out, generator=g).bfloat16()
+    x = rows_of_all_sizes(rows, d_in, seed=rows).bfloat16()
+    alone = torch.cat([onerow.bf16_onerow(row, w, bias) for row in x.split(1)])
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.equal(onerow.bf16_onerow(x, w, bias), alone)
+            assert torch.equal(onerow.bf16_onerow(x, w), torch.cat(
+                [onerow.bf16_onerow(row, w) for row in x.split(1)]))
+    finally:
+        torch.set_num_threads(threads)
+    assert onerow.bf16_onerow(x[:0], w).shape == (0, d_out)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("v", [1, 15, 16, 17, 50257])
+def test_argmax_in_c_is_torchs_argmax_ties_nans_and_infinities_included(dtype, v):
+    """Each row's first largest value, a NaN counting as the largest (the first NaN): rows of
+    random numbers, a tie, a NaN, all -inf, all zeros (-0.0 first), +inf last."""
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(8, v, generator=g).to(dtype)
+    x[1, v // 2] = float("nan")
+    x[2] = float("-inf")
+    x[3] = 0.0
+    x[3, 0] = -0.0
+    x[4, v - 1] = float("inf")
+    if v > 3:
+        x[5, 1] = x[5, v - 2] = 1000.0                   # a tie: the first one
+        x[6, 2] = x[6, v - 1] = float("nan")             # two NaNs: the first one
+    assert torch.equal(onerow.argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(onerow.argmax_rows(x[:, :v].t().contiguous().t()), x.argmax(dim=-1))
+    assert onerow.argmax_rows(x[:0]).shape == (0,)
+
+
+@needs_kernels
+def test_the_fast_paths_greedy_pick_is_the_c_argmax_and_the_teaching_paths_torchs():
+    from llmcore.sampling import greedy_in_c, token_picker
+    native = token_picker(temperature=0.0, top_k=None, seed=None, b=2, device="cpu",
+                          native=True)
+    plain = token_picker(temperature=0.0, top_k=None, seed=None, b=2, device="cpu")
+    assert native is greedy_in_c and plain is not greedy_in_c
+    meta = token_picker(temperature=0.0, top_k=None, seed=None, b=2, device="meta",
+                        native=True)
+    assert meta is not greedy_in_c                       # torch.argmax off the CPU
+    logits = torch.randn(2, 300)
+    assert torch.equal(native(logits), plain(logits))
+    assert torch.equal(greedy_in_c(logits.double()), logits.double().argmax(dim=-1))
+    with pytest.raises(ValueError, match=r"logits: expected a \(b, v\) float32 or bfloat16 "
+                                         r"matrix with v > 0 on the CPU, got torch.float64"):
+        onerow.argmax_rows(logits.double())
+    with pytest.raises(ValueError, match=r"got torch.float32 \(300,\) on cpu"):
+        onerow.argmax_rows(logits[0])
 
 
 @needs_kernels

@@ -30,7 +30,7 @@
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 5; }
+int llmcore_onerow_version(void) { return 6; }
 
 static inline __mmask64 tail_mask(long k, long end) {
     long left = end - k;
@@ -182,6 +182,140 @@ int llmcore_bf16_onerow(const uint16_t *w, const uint16_t *bias, const uint16_t 
         }
     }
     return 0;
+}
+
+/* AVX512-BF16's dot product, vdpbf16ps, adds to each float32 lane the products of its odd
+ * pair of bfloat16 and then of its even pair, each rounded once (a product of two bfloat16
+ * is exact in float32), subnormal inputs and results taken as zero. The same two fused
+ * multiply-adds on the halves widened to float32 give the same sums for normal numbers, and
+ * run four times as many multiply-adds a cycle on the course's Xeon (vdpbf16ps: one in two
+ * cycles; vfmadd: two a cycle): the kernel for a few rows, whose products are the work. */
+static inline __m512 odd_half(__m512i v) {                 /* the high bfloat16 of each lane */
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+static inline __m512 even_half(__m512i v) {                /* the low bfloat16 of each lane */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* `rows` rows of x times four outputs' rows of W (row[0..3], k bfloat16 each): acc[r][j]
+ * the float32 sums llmcore_bf16_onerow makes of the same row and output, in the same order
+ * (chunks of 32 values, odd then even halves), from xw, each row of x widened once: for chunk
+ * c, 16 floats of its odd halves then 16 of its even halves. `rows` is 1 to 4, a constant
+ * where it is inlined. */
+static inline __attribute__((always_inline)) void bf16_four_outputs(
+        const uint16_t *const *row, const uint16_t *x, long k, long chunks, __m512 acc[4][4],
+        const int rows) {
+    const long half = LANE / 2;
+    __m512 a[4][4];                         /* in registers: acc is written once, at the end */
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) a[r][j] = _mm512_setzero_ps();
+    for (long c = 0; c < chunks; c++) {
+        const long i = c * half;
+        const __mmask32 m = k - i >= half ? ~(__mmask32)0 : (((__mmask32)1 << (k - i)) - 1);
+        __m512 wo[4], we[4];
+        for (int j = 0; j < 4; j++) {
+            _mm_prefetch((const char *)(row[j] + i) + PREFETCH_AHEAD, _MM_HINT_T0);
+            const __m512i v = _mm512_maskz_loadu_epi16(m, row[j] + i);
+            wo[j] = odd_half(v);
+            we[j] = even_half(v);
+        }
+        for (int r = 0; r < rows; r++) {
+            const __m512i xv = _mm512_maskz_loadu_epi16(m, x + r * k + i);
+            const __m512 xo = odd_half(xv), xe = even_half(xv);
+            for (int j = 0; j < 4; j++) {
+                a[r][j] = _mm512_fmadd_ps(xo, wo[j], a[r][j]);
+                a[r][j] = _mm512_fmadd_ps(xe, we[j], a[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = a[r][j];
+}
+
+/* out (m, n_out) bfloat16 = x (m, k) bfloat16 @ W + bias, W and bias as llmcore_bf16_onerow
+ * takes them: a few rows (a prompt), four outputs' weights read from memory once for all the
+ * rows and widened once, four rows at a time; every row's sums are those llmcore_bf16_onerow
+ * makes of it alone (normal numbers: see odd_half). Returns 0, or -1 without memory for the
+ * widened rows. */
+int llmcore_bf16_rows(const uint16_t *w, const uint16_t *bias, const uint16_t *x,
+                      uint16_t *out, long m, long n_out, long k) {
+    const long chunks = (k + LANE / 2 - 1) / (LANE / 2);
+    float *xw = aligned_alloc(LANE, (size_t)(m * chunks * 32) * sizeof(float));
+    if (!xw) return -1;
+    for (long r = 0; r < m; r++)
+        for (long c = 0; c < chunks; c++) {
+            const long i = c * (LANE / 2);
+            const __mmask32 mk = k - i >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (k - i)) - 1);
+            const __m512i v = _mm512_maskz_loadu_epi16(mk, x + r * k + i);
+            _mm512_store_ps(xw + (r * chunks + c) * 32, odd_half(v));
+            _mm512_store_ps(xw + (r * chunks + c) * 32 + 16, even_half(v));
+        }
+    const long blocks = (n_out + 3) / 4;
+    #pragma omp parallel for schedule(static)
+    for (long blk = 0; blk < blocks; blk++) {
+        const long n0 = blk * 4, outputs = n_out - n0 < 4 ? n_out - n0 : 4;
+        const uint16_t *row[4];
+        for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < outputs ? j : 0)) * k;
+        for (long r0 = 0; r0 < m;) {
+            const int rows = m - r0 >= 4 ? 4 : 1;
+            const uint16_t *xr = x + r0 * k;
+            __m512 acc[4][4];
+            if (rows == 4)
+                bf16_four_outputs(row, xr, k, chunks, acc, 4);
+            else
+                bf16_four_outputs(row, xr, k, chunks, acc, 1);
+            for (int r = 0; r < rows; r++)
+                for (long j = 0; j < outputs; j++) {
+                    const float y = _mm512_reduce_add_ps(acc[r][j]);
+                    out[(r0 + r) * n_out + n0 + j] = float_to_bf16(
+                        bias ? y + bf16_to_float(bias[n0 + j]) : y);
+                }
+            r0 += rows;
+        }
+    }
+    free(xw);
+    return 0;
+}
+
+/* The index of each row's first largest value, x (m, v) float32 (bf16 = 0) or bfloat16
+ * (bf16 = 1) -> out (m,) int64, a NaN counting as larger than any number (the first NaN):
+ * torch.argmax's answer, found in two passes over the row (its largest value, then where it
+ * first is), the greedy pick of a step's logits. */
+static inline __m512 sixteen(const void *x, long i, __mmask16 t, int bf16) {
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)t,
+                                                            (const uint16_t *)x + i))), 16));
+    return _mm512_maskz_loadu_ps(t, (const float *)x + i);
+}
+
+void llmcore_argmax_rows(const void *x, int64_t *out, long m, long v, int bf16) {
+    for (long r = 0; r < m; r++) {
+        const void *row = bf16 ? (const void *)((const uint16_t *)x + r * v)
+                               : (const void *)((const float *)x + r * v);
+        __m512 most = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        long i = 0;
+        for (; i < v && !nan; i += 16) {
+            const __mmask16 t = tail_mask16(i, v);
+            const __m512 a = sixteen(row, i, t, bf16);
+            nan = _mm512_mask_cmp_ps_mask(t, a, a, _CMP_UNORD_Q);
+            most = _mm512_mask_max_ps(most, t, most, a);
+        }
+        long found = 0;
+        if (nan) {                                   /* the first NaN, in the last 16 read */
+            found = i - 16 + __builtin_ctz(nan);
+        } else {
+            const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(most));
+            for (long j = 0; j < v; j += 16) {
+                const __mmask16 t = tail_mask16(j, v);
+                const __mmask16 hit = _mm512_mask_cmp_ps_mask(t, sixteen(row, j, t, bf16),
+                                                              top, _CMP_EQ_OQ);
+                if (hit) { found = j + __builtin_ctz(hit); break; }
+            }
+        }
+        out[r] = found;
+    }
 }
 
 /* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) int8 codes, scale (n_out,)
