@@ -374,9 +374,9 @@ def _int8_one_row_in_c(x: Tensor, w: Int8Linear, b: Tensor | None) -> Tensor:
 
 def _bf16_one_row_in_c(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """x (rows, d_in) @ w, (d_out, d_in) bfloat16 (+ b): up to
-    :data:`llmcore.onerow.BF16_ROWS_AT_MOST` rows through llmcore's C kernel
+    :func:`llmcore.onerow.bf16_rows_at_most` rows through llmcore's C kernels
     (:func:`llmcore.onerow.bf16_onerow`), more (a long prompt) through ``F.linear``."""
-    if x.shape[0] <= onerow.BF16_ROWS_AT_MOST:
+    if x.shape[0] <= onerow.bf16_rows_at_most():
         return onerow.bf16_onerow(x, w, b)
     return torch.nn.functional.linear(x, w, b)
 

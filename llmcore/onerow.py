@@ -24,8 +24,9 @@ and 16 rows (a prompt) in 15 ms against 21, measured together.
   code's value looked up in a table of sixteen, float32 sums), for one row and for several
   (a prompt), a row giving the same numbers alone and in a batch.
 * :func:`bf16_onerow`: the "bf16" precision's product of one row (AVX512-BF16), and of a
-  few (a short prompt) with the same sums done as float32 multiply-adds, which this CPU runs
-  four times as fast as AVX512-BF16's dot product.
+  prompt's rows, each weight read once for all of them: on AMX, Intel's tile unit
+  (``native/amx.c``), where the CPU has it, else, for a few rows, the one-row sums done as
+  float32 multiply-adds, which this CPU runs four times as fast as AVX512-BF16's dot product.
 * :func:`argmax_rows`: the greedy pick of a step's logits (the fast path's).
 * :func:`fp32_onerow`: float32's product of one row on the model's own (d_in, d_out) matrix,
   for the whole step in C (:mod:`llmcore.onerow_step`, ``native/step.c``, which
@@ -64,14 +65,16 @@ from .quantize import (INT4_GROUP_SIZE, int4_scale_offset, quantize_int4, quanti
                        unpack_int4)
 
 SOURCES = (Path(__file__).with_name("native") / "onerow.c",
-           Path(__file__).with_name("native") / "step.c")
+           Path(__file__).with_name("native") / "step.c",
+           Path(__file__).with_name("native") / "amx.c")
 HEADERS = (Path(__file__).with_name("native") / "bf16.h",)
 """The kernels' C sources, shipped with the package, compiled into one library: the products
-(``onerow.c``) and a GPT's whole decode step at batch 1 on them (``step.c``,
-:mod:`llmcore.onerow_step`); the header both include (bfloat16 <-> float32)."""
+(``onerow.c``), a GPT's whole decode step at batch 1 on them (``step.c``,
+:mod:`llmcore.onerow_step`), a prompt's bfloat16 products on AMX (``amx.c``); the header they
+include (bfloat16 <-> float32)."""
 
 FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni",
-         "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
+         "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp", "-shared", "-fPIC")
 """How the source is compiled: the instruction sets it uses, named (not ``-march=native``,
 so that one build serves every CPU that has them; a kernel runs only where the CPU has its
 own), no fused multiply-adds the source does not write (the same float32 operations as
@@ -177,6 +180,9 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_bf16_onerow.restype = ctypes.c_int
     library.llmcore_bf16_rows.argtypes = [_POINTER] * 4 + [_LONG] * 3
     library.llmcore_bf16_rows.restype = ctypes.c_int
+    library.llmcore_bf16_rows_amx.argtypes = [_POINTER] * 4 + [_LONG] * 3
+    library.llmcore_bf16_rows_amx.restype = ctypes.c_int
+    library.llmcore_amx_ready.restype = ctypes.c_int
     library.llmcore_argmax_rows.argtypes = [_POINTER] * 2 + [_LONG, _LONG, ctypes.c_int]
     library.llmcore_argmax_rows.restype = None
     library.llmcore_int4_rows.argtypes = [_POINTER] * 6 + [_LONG] * 4
@@ -228,6 +234,31 @@ def bf16_available(device: torch.device | str = "cpu") -> bool:
     AVX512-BF16's dot products."""
     cpu = getattr(torch, "cpu", None)
     return available(device) and bool(getattr(cpu, "_is_avx512_bf16_supported", bool)())
+
+
+@functools.cache
+def _amx_missing() -> str:
+    """Why :func:`amx_available` is False ("" when it is True): checked once per process."""
+    if not available():
+        return unavailable_reason()
+    cpu = getattr(torch, "cpu", None)
+    if not getattr(cpu, "_is_amx_tile_supported", bool)():
+        return "this CPU has no AMX tiles"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError as error:
+        return f"cannot read the CPU's flags: {error}"
+    if " amx_bf16" not in flags:
+        return "this CPU's AMX has no bfloat16 products (amx_bf16)"
+    if _library().llmcore_amx_ready() != 0:
+        return "Linux did not lend this process AMX's tiles (arch_prctl ARCH_REQ_XCOMP_PERM)"
+    return ""
+
+
+def amx_available(device: torch.device | str = "cpu") -> bool:
+    """Whether :func:`bf16_onerow` takes a prompt's rows on AMX, Intel's tile unit, on
+    ``device``: a CPU with AMX's bfloat16 products, lent to this process by Linux."""
+    return torch.device(device).type == "cpu" and _amx_missing() == ""
 
 
 def unavailable_reason(device: torch.device | str = "cpu") -> str:
@@ -360,34 +391,58 @@ def bf16_rows(weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
 
 
 BF16_ROWS_AT_MOST = 8
-"""The most rows ``lowbit.ONE_ROW_FORMATS["bf16"]`` sends to :func:`bf16_onerow`: GPT-2 small's
-48 block matrices took, on the course's Xeon (2 cores, measured together with ``F.linear``),
-12 ms for 2 or 4 rows against 19 ms, 18 ms for 8 against 20, and 30 ms for 16 against 20 (its
-multiply-adds, not its reads, bound the kernel from there: oneDNN's blocked products win)."""
+"""The most rows :func:`bf16_onerow` takes without AMX: GPT-2 small's 48 block matrices took,
+on the course's Xeon (2 cores, measured together with ``F.linear``), 12 ms for 2 or 4 rows
+against 19 ms, 18 ms for 8 against 20, and 30 ms for 16 against 20 (its multiply-adds, not its
+reads, bind the kernel from there: oneDNN's blocked products win)."""
+
+BF16_AMX_ROWS_AT_MOST = 96
+"""The most rows :func:`bf16_onerow` takes on AMX (six groups of 16, one tile of sums each):
+the same 48 matrices took 10.4-10.9 ms for 2 to 16 rows against ``F.linear``'s 16-17 ms, 19
+against 32 for 64 rows and 31 against 39 for 96, measured together."""
 
 
-def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+def bf16_rows_at_most(device: torch.device | str = "cpu") -> int:
+    """The most rows :func:`bf16_onerow` takes on ``device``: :data:`BF16_AMX_ROWS_AT_MOST`
+    where :func:`amx_available`, else :data:`BF16_ROWS_AT_MOST`."""
+    return BF16_AMX_ROWS_AT_MOST if amx_available(device) else BF16_ROWS_AT_MOST
+
+
+def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None, *,
+                amx: bool | None = None) -> Tensor:
     """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
     bfloat16) -> (rows, d_out) bfloat16: float32 sums of bfloat16 products, one rounding. One
-    row streams w once; several (a prompt) take four outputs' weights at a time for four rows
-    at a time, each weight read from memory once, with each row's sums those of a row alone
-    (a row gives the same numbers alone and in a batch). ``lowbit.ONE_ROW_FORMATS["bf16"]``
-    sends more than :data:`BF16_ROWS_AT_MOST` rows to ``F.linear``. Chapter 13."""
+    row streams w once (AVX512-BF16's dot products). Several, up to :func:`bf16_rows_at_most`
+    (a prompt), read each weight from memory once for all of them: on AMX
+    (``native/amx.c``, the sums in the tile unit's order), or else four outputs' weights at a
+    time for four rows at a time, each row's sums those of the row alone (a row gives the same
+    numbers alone and in a batch). ``amx``: None takes AMX where :func:`amx_available`, False
+    never (at most :data:`BF16_ROWS_AT_MOST` rows then). ``lowbit.ONE_ROW_FORMATS["bf16"]``
+    sends more rows to ``F.linear``. Chapter 13."""
     d_out, d_in = w.shape
     x = _checked_row(x, d_in, torch.bfloat16, "x")
     _check_bias(b, d_out, torch.bfloat16, "b")
     if w.dtype != torch.bfloat16 or not w.is_contiguous():
         raise ValueError(f"w: expected a contiguous bfloat16 (d_out, d_in) matrix, got "
                          f"{w.dtype}")
-    rows = x.shape[0]
+    on_amx = amx_available() if amx is None else amx
+    if on_amx and not amx_available():
+        raise ValueError(f"amx=True, but AMX does not run here: {_amx_missing()}")
+    rows, most = x.shape[0], BF16_AMX_ROWS_AT_MOST if on_amx else BF16_ROWS_AT_MOST
+    if rows > most:
+        raise ValueError(f"x: bf16_onerow takes at most {most} rows here, got {rows} "
+                         f"(llmcore.lowbit.ONE_ROW_FORMATS sends more to F.linear)")
     out = torch.empty(rows, d_out, dtype=torch.bfloat16)
-    bias = None if b is None else b.data_ptr()
+    bias, library = None if b is None else b.data_ptr(), _library()
     with _profiled("llmcore::bf16_onerow"):
         if rows == 1:
-            _library().llmcore_bf16_onerow(w.data_ptr(), bias, x.data_ptr(), out.data_ptr(),
-                                           d_out, d_in)
-        elif rows and _library().llmcore_bf16_rows(w.data_ptr(), bias, x.data_ptr(),
-                                                   out.data_ptr(), rows, d_out, d_in):
+            library.llmcore_bf16_onerow(w.data_ptr(), bias, x.data_ptr(), out.data_ptr(),
+                                        d_out, d_in)
+            return out
+        if not rows:
+            return out
+        rows_kernel = library.llmcore_bf16_rows_amx if on_amx else library.llmcore_bf16_rows
+        if rows_kernel(w.data_ptr(), bias, x.data_ptr(), out.data_ptr(), rows, d_out, d_in):
             raise MemoryError(f"bf16_onerow: no memory for {rows} rows of {d_in} activations")
     return out
 

@@ -199,19 +199,60 @@ def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
         step = 2 ** -7 * want.abs().amax()
         assert float((got - want).abs().max()) <= step
         assert float((got - want).abs().max()) <= float((pytorchs - want).abs().max()) + step
-    alone = torch.cat([onerow.bf16_onerow(row, w, bias) for row in x.split(1)])
-    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(x, w, bias), alone)
-    many = rows_of_all_sizes(onerow.BF16_ROWS_AT_MOST + 1, d_in, seed=1).bfloat16()
+    assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(x, w, bias),
+                       onerow.bf16_onerow(x, w, bias))
+    many = rows_of_all_sizes(onerow.bf16_rows_at_most() + 1, d_in, seed=1).bfloat16()
     assert torch.equal(lowbit.ONE_ROW_FORMATS["bf16"].linear(many, w, bias),
                        torch.nn.functional.linear(many, w, bias))
+    with pytest.raises(ValueError, match=rf"x: bf16_onerow takes at most "
+                                         rf"{onerow.bf16_rows_at_most()} rows here, got"):
+        onerow.bf16_onerow(many, w, bias)
+
+
+needs_amx = pytest.mark.skipif(not onerow.amx_available(),
+                               reason=f"AMX's bfloat16 tiles do not run here: "
+                                      f"{onerow._amx_missing()}")
+
+
+@needs_amx
+@pytest.mark.parametrize("shape", SHAPES + [(3072, 768), (64, 16)])
+@pytest.mark.parametrize("rows", [2, 15, 16, 17, 40, onerow.BF16_AMX_ROWS_AT_MOST])
+def test_a_prompt_of_bf16_on_amx_is_the_product_to_bfloat16s_rounding(shape, rows):
+    """AMX's tile products: every row within a bfloat16 step of the float64 product (+ bias)
+    and as close as PyTorch's own bfloat16 product, with or without a bias, any d_in (the
+    tiles' 32 values padded) and d_out (16 outputs a tile), up to 96 rows (six tiles of sums);
+    1 and 2 threads give the same numbers."""
+    d_in, d_out = shape
+    g = torch.Generator().manual_seed(d_in + rows)
+    w = onerow.bf16_rows(torch.randn(d_in, d_out, generator=g))
+    bias = torch.randn(d_out, generator=g).bfloat16()
+    x = rows_of_all_sizes(rows, d_in, seed=rows).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = onerow.bf16_onerow(x, w, bias, amx=True)
+        torch.set_num_threads(2)
+        got = onerow.bf16_onerow(x, w, bias, amx=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, got)
+    for b in (bias, None):
+        got = onerow.bf16_onerow(x, w, b, amx=True).double()
+        want = x.double() @ w.double().t() + (0 if b is None else b.double())
+        pytorchs = torch.nn.functional.linear(x, w, b).double()
+        step = 2 ** -7 * want.abs().amax(dim=1, keepdim=True)
+        assert bool(((got - want).abs() <= step).all())
+        assert bool(((got - want).abs().amax(dim=1) <= (pytorchs - want).abs().amax(dim=1)
+                     + step[:, 0]).all())
 
 
 @needs_bf16
-@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 13])
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, onerow.BF16_ROWS_AT_MOST])
 def test_a_few_rows_of_bf16_give_each_row_its_numbers_alone(rows):
-    """The kernel for a few rows does AVX512-BF16's dot product as two float32 multiply-adds
-    (odd halves, then even): every row's outputs equal, bit for bit, those of the one-row
-    kernel (vdpbf16ps) on that row alone, whatever the rows beside it, with 1 or 2 threads."""
+    """The kernel for a few rows without AMX does AVX512-BF16's dot product as two float32
+    multiply-adds (odd halves, then even): every row's outputs equal, bit for bit, those of
+    the one-row kernel (vdpbf16ps) on that row alone, whatever the rows beside it, with 1 or
+    2 threads."""
     d_in, d_out = 100, 37                               # a masked tail, d_out not of 4
     g = torch.Generator().manual_seed(rows)
     w = onerow.bf16_rows(torch.randn(d_in, d_out, generator=g))
@@ -222,8 +263,8 @@ def test_a_few_rows_of_bf16_give_each_row_its_numbers_alone(rows):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            assert torch.equal(onerow.bf16_onerow(x, w, bias), alone)
-            assert torch.equal(onerow.bf16_onerow(x, w), torch.cat(
+            assert torch.equal(onerow.bf16_onerow(x, w, bias, amx=False), alone)
+            assert torch.equal(onerow.bf16_onerow(x, w, amx=False), torch.cat(
                 [onerow.bf16_onerow(row, w) for row in x.split(1)]))
     finally:
         torch.set_num_threads(threads)
