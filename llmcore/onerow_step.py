@@ -198,7 +198,7 @@ class GPTStepInC:
                              f"{self.d}), got {embedding.dtype} {tuple(embedding.shape)} and "
                              f"{positions_table.dtype} {tuple(positions_table.shape)}; build a "
                              f"new fast path")
-        token, position = int(tokens[0, 0]), int(positions[0, 0])
+        token, position = int(tokens.item()), int(positions.item())   # (1, 1): one number each
         if not (0 <= token < g.vocab and 0 <= position < positions_table.shape[0]):
             raise IndexError(f"token {token} or position {position} out of range "
                              f"({g.vocab} tokens, {positions_table.shape[0]} positions)")
