@@ -32,7 +32,7 @@
 #define TILE 16                            /* rows of a tile; 64 bytes a row */
 #define CHUNK 32                           /* bfloat16 values in a tile row */
 #define GROUPS_AT_MOST 6                   /* tiles 2..7 hold one group of 16 rows each */
-#define AMX_AHEAD_BLOCKS 4                 /* the next block of 16 rows fetched ahead */
+#define AMX_AHEAD_BLOCKS 4                 /* blocks of 16 rows a thread fetches ahead */
 
 /* 0 once Linux lets this process use AMX's tile registers, -1 where it will not. */
 int llmcore_amx_ready(void) {
