@@ -193,8 +193,8 @@ class FastDecoder:
             self.head_format = fmt
         elif isinstance(fmt.head, Format):          # a one-row form names its head's form
             self.head_format = fmt.head
-        elif fmt.rounding is not None:           # a dense form's head is dense too
-            self.head_format = dense(fmt.head, fmt.dtype)
+        elif fmt.rounding is not None:           # a dense form's head is dense too, alike
+            self.head_format = dense(fmt.head, fmt.dtype, amx=fmt.prepare is not None)
         else:
             self.head_format = format_of(fmt.head, device, self.batch_size)
         self.dtype = fmt.dtype or self.model.dtype
@@ -390,10 +390,10 @@ class FastDecoder:
         ``packed``."""
         fmt = self.head_format if head else self.format
         w = weight.detach()
-        if fmt.prepare is not None:
-            return fmt.prepare(w, self.dtype)
         if fmt.rounding is not None:                  # a weight-only precision, dense
             w = round_weight(w, fmt.rounding)
+        if fmt.prepare is not None:
+            return fmt.prepare(w, self.dtype)
         w = w.to(self.dtype)
         return pack(w, self.batch_size) if self.packed else w
 

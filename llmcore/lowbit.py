@@ -336,7 +336,7 @@ def bf16_arithmetic(device: torch.device) -> bool:
     return device.type == "cpu" and _cpu_multiplies_bf16()
 
 
-def dense(precision: str, dtype: torch.dtype = torch.float32) -> Format:
+def dense(precision: str, dtype: torch.dtype = torch.float32, *, amx: bool = False) -> Format:
     """How a weight-only precision serves large batches on the CPU ("dequantized once"): its
     matrices rounded as ``precision`` rounds them (:func:`llmcore.quantize.round_weight`: the
     bf16 values, int8 per column, int4 per group of :data:`INT4_GROUP_SIZE`) and kept in
@@ -344,11 +344,19 @@ def dense(precision: str, dtype: torch.dtype = torch.float32) -> Format:
     oneDNN's packed kernel, as "fp32" or "bf16"), its head rounded as the precision's head. The
     same weights as the precision's kernel at batch 1 (in bfloat16, rounded once more to its 8
     bits of mantissa), that dtype's arithmetic on them: float32 by default, bfloat16 where the
-    CPU multiplies it in hardware (:func:`format_of`). Chapter 13."""
+    CPU multiplies it in hardware (:func:`format_of`); with ``amx`` (bfloat16 only) the rounded
+    weights in :func:`llmcore.onerow.bf16_rows`' layout, multiplied by llmcore's AMX kernel
+    (:func:`llmcore.onerow.bf16_onerow`, ``F.linear`` for more rows). Chapter 13."""
     fmt = FORMATS[precision]
     name = str(dtype).removeprefix("torch.")
-    return Format(dtype, head=fmt.head, rounding=precision,
-                  kernel=f"{name} products on {precision}-rounded weights (dequantized once)")
+    kernel = f"{name} products on {precision}-rounded weights (dequantized once)"
+    if amx:
+        if dtype != torch.bfloat16:
+            raise ValueError(f"dense: AMX's kernel multiplies bfloat16, got {dtype}")
+        return Format(dtype, onerow.bf16_rows, _bf16_one_row_in_c, head=fmt.head,
+                      rounding=precision, available=onerow.amx_available,
+                      kernel=kernel + "; llmcore's AMX kernel (C)")
+    return Format(dtype, head=fmt.head, rounding=precision, kernel=kernel)
 
 
 FORMATS = {
@@ -405,11 +413,24 @@ memory speed where PyTorch's one-row kernels fall short of it; "int4"'s head (in
 "int8"'s C kernel. The fast path measures it against the precision's own forms and keeps the
 fastest (:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
+def _amx_batches(device: torch.device) -> bool:
+    """Whether a batch's bfloat16 products run on llmcore's AMX kernel on ``device``: a CPU
+    that multiplies bfloat16 (:func:`bf16_arithmetic`) with AMX lent to this process
+    (:func:`llmcore.onerow.amx_available`)."""
+    return bf16_arithmetic(device) and onerow.amx_available(device)
+
+
 MANY_ROW_FORMATS = {
     "w8a8": ONE_ROW_FORMATS["w8a8"]._replace(
         kernel="llmcore's rounding of each row (C) and oneDNN's int8 x int8 product "
                "(torch._int_mm)"),
+    "bf16": ONE_ROW_FORMATS["bf16"]._replace(
+        available=_amx_batches,
+        kernel="llmcore's bfloat16 product of a few rows on AMX (C)"),
 }
+MANY_ROWS_AT_MOST = {"bf16": onerow.BF16_AMX_ROWS_AT_MOST}
+"""The largest batch a :data:`MANY_ROW_FORMATS` form serves (none: every batch); a larger one
+keeps the precision's own form (a decode step's rows are the batch's)."""
 """How a precision serves two rows or more on the CPU where :mod:`llmcore.onerow` runs (see
 :func:`format_of`): "w8a8" rounds each row in one pass in C and multiplies the codes with
 ``torch._int_mm``, then scales each row in C, where fbgemm's kernel takes one scale for the
@@ -433,7 +454,8 @@ def format_of(precision: str | None, device: torch.device, batch_size: int = 1) 
     the row's ``dense_from`` batch size on, the precision's :func:`dense` form (the kernel per
     batch size); on a CPU with bfloat16 arithmetic (:func:`bf16_arithmetic`) "bf16" keeps its
     row at every batch size and the others' dense form multiplies in bfloat16; from 2 rows on,
-    its :data:`MANY_ROW_FORMATS` form where that runs. Chapter 13."""
+    its :data:`MANY_ROW_FORMATS` form where that runs (up to :data:`MANY_ROWS_AT_MOST` rows),
+    and on AMX the weight-only precisions' dense form multiplies there too. Chapter 13."""
     if precision is None:
         return NATIVE
     if precision not in FORMATS:
@@ -445,11 +467,13 @@ def format_of(precision: str | None, device: torch.device, batch_size: int = 1) 
         raise ValueError(f"precision={precision!r} uses {fmt.kernel}; the model is on "
                          f"{device}{engines}")
     many = MANY_ROW_FORMATS.get(precision)
-    if device.type == "cpu" and batch_size >= 2 and many is not None and many.available(device):
+    if (device.type == "cpu" and 2 <= batch_size <= MANY_ROWS_AT_MOST.get(precision, batch_size)
+            and many is not None and many.available(device)):
         return many
     if device.type == "cpu" and fmt.dense_from is not None and batch_size >= fmt.dense_from:
         if not bf16_arithmetic(device):
             return dense(precision)
         if precision != "bf16":             # bf16 itself needs no dense form on such a CPU
-            return dense(precision, torch.bfloat16)
+            return dense(precision, torch.bfloat16, amx=_amx_batches(device)
+                         and batch_size <= onerow.BF16_AMX_ROWS_AT_MOST)
     return fmt

@@ -359,7 +359,8 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch
                                                                      multiplies_bf16):
     """On the CPU a weight-only precision serves large batches dense (its rounded weights in
     float32, float32 products: lowbit.dense), but on a CPU that multiplies bfloat16 in hardware
-    bf16 stays bfloat16 and int8 and int4 are dense in bfloat16; fp32 never changes, w8a8
+    bf16 stays bfloat16 and int8 and int4 are dense in bfloat16 (a batch of up to 96 rows on
+    llmcore's AMX kernel, where it runs); fp32 never changes, w8a8
     from 2 rows on only to its MANY_ROW_FORMATS form (the same arithmetic), where llmcore's
     C kernels run; no precision changes on another device."""
     from llmcore import lowbit
@@ -367,8 +368,13 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch
                                 format_of)
     monkeypatch.setattr(lowbit, "_cpu_multiplies_bf16", lambda: multiplies_bf16)
     cpu, meta = torch.device("cpu"), torch.device("meta")
-    if multiplies_bf16:
-        assert all(format_of("bf16", cpu, b) is FORMATS["bf16"] for b in (1, 2, 16, 64))
+    amx = multiplies_bf16 and lowbit.onerow.amx_available(cpu)
+    most = lowbit.MANY_ROWS_AT_MOST["bf16"]
+    if multiplies_bf16:                 # bf16 stays bf16; a batch on AMX where it runs
+        batch_form = lowbit.MANY_ROW_FORMATS["bf16"] if amx else FORMATS["bf16"]
+        assert format_of("bf16", cpu, 1) is FORMATS["bf16"]
+        assert all(format_of("bf16", cpu, b) is batch_form for b in (2, 16, 64, most))
+        assert format_of("bf16", cpu, most + 1) is FORMATS["bf16"]
     starts = {"bf16": BF16_DENSE_FROM_BATCH, "int8": INT_DENSE_FROM_BATCH,
               "int4": INT_DENSE_FROM_BATCH}
     for precision, start in starts.items():
@@ -377,8 +383,10 @@ def test_the_kernel_is_picked_per_batch_size_and_says_its_arithmetic(monkeypatch
         assert format_of(precision, cpu, start - 1) is FORMATS[precision]
         fmt = format_of(precision, cpu, start)
         arithmetic = torch.bfloat16 if multiplies_bf16 else torch.float32
-        assert (fmt.dtype, fmt.rounding, fmt.prepare) == (arithmetic, precision, None)
+        assert (fmt.dtype, fmt.rounding) == (arithmetic, precision)
+        assert fmt.prepare is (lowbit.onerow.bf16_rows if amx else None)   # AMX's layout
         assert "dequantized once" in fmt.kernel
+        assert format_of(precision, cpu, most + 1).prepare is None
         assert format_of(precision, meta, 16) is FORMATS[precision]
     assert format_of("fp32", cpu, 64) is FORMATS["fp32"]
     many = (lowbit.MANY_ROW_FORMATS["w8a8"] if lowbit.MANY_ROW_FORMATS["w8a8"].available(cpu)
