@@ -413,6 +413,7 @@ memory speed where PyTorch's one-row kernels fall short of it; "int4"'s head (in
 "int8"'s C kernel. The fast path measures it against the precision's own forms and keeps the
 fastest (:meth:`llmcore.fastpath.FastDecoder.one_row_forms`)."""
 
+
 def _amx_batches(device: torch.device) -> bool:
     """Whether a batch's bfloat16 products run on llmcore's AMX kernel on ``device``: a CPU
     that multiplies bfloat16 (:func:`bf16_arithmetic`) with AMX lent to this process
@@ -428,9 +429,6 @@ MANY_ROW_FORMATS = {
         available=_amx_batches,
         kernel="llmcore's bfloat16 product of a few rows on AMX (C)"),
 }
-MANY_ROWS_AT_MOST = {"bf16": onerow.BF16_AMX_ROWS_AT_MOST}
-"""The largest batch a :data:`MANY_ROW_FORMATS` form serves (none: every batch); a larger one
-keeps the precision's own form (a decode step's rows are the batch's)."""
 """How a precision serves two rows or more on the CPU where :mod:`llmcore.onerow` runs (see
 :func:`format_of`): "w8a8" rounds each row in one pass in C and multiplies the codes with
 ``torch._int_mm``, then scales each row in C, where fbgemm's kernel takes one scale for the
@@ -439,7 +437,13 @@ one over the products). The same codes, integer sums and float32 operations as i
 kernel: a row gives the same numbers alone and in a batch. GPT-2 small's 49 products at 16
 rows on the course's Intel Xeon: 11.1 ms against 14.0 ms through fbgemm, measured together;
 the integer products alone 9.1 ms against fbgemm's 11.4 (11.0 against 11.7 with oneDNN held
-to AVX-512 VNNI, without the CPU's AMX)."""
+to AVX-512 VNNI, without the CPU's AMX). "bf16", where AMX runs (:func:`_amx_batches`), takes
+its one-row form's weights and llmcore's AMX kernel (:func:`llmcore.onerow.bf16_onerow`)."""
+
+MANY_ROWS_AT_MOST = {"bf16": onerow.BF16_AMX_ROWS_AT_MOST}
+"""The largest batch a :data:`MANY_ROW_FORMATS` form serves (none: every batch); a larger one
+keeps the precision's own form (a decode step's rows are the batch's)."""
+
 
 PRECISIONS = tuple(FORMATS)
 """What ``precision=`` accepts (None: the model's own dtype and tensors)."""
@@ -475,5 +479,5 @@ def format_of(precision: str | None, device: torch.device, batch_size: int = 1) 
             return dense(precision)
         if precision != "bf16":             # bf16 itself needs no dense form on such a CPU
             return dense(precision, torch.bfloat16, amx=_amx_batches(device)
-                         and batch_size <= onerow.BF16_AMX_ROWS_AT_MOST)
+                         and batch_size <= MANY_ROWS_AT_MOST["bf16"])
     return fmt

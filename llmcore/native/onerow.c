@@ -199,9 +199,8 @@ static inline __m512 even_half(__m512i v) {                /* the low bfloat16 o
 
 /* `rows` rows of x times four outputs' rows of W (row[0..3], k bfloat16 each): acc[r][j]
  * the float32 sums llmcore_bf16_onerow makes of the same row and output, in the same order
- * (chunks of 32 values, odd then even halves), from xw, each row of x widened once: for chunk
- * c, 16 floats of its odd halves then 16 of its even halves. `rows` is 1 to 4, a constant
- * where it is inlined. */
+ * (chunks of 32 values, odd then even halves), each chunk of x widened as it is read. `rows`
+ * is 1 to 4, a constant where it is inlined. */
 static inline __attribute__((always_inline)) void bf16_four_outputs(
         const uint16_t *const *row, const uint16_t *x, long k, long chunks, __m512 acc[4][4],
         const int rows) {
@@ -235,21 +234,10 @@ static inline __attribute__((always_inline)) void bf16_four_outputs(
 /* out (m, n_out) bfloat16 = x (m, k) bfloat16 @ W + bias, W and bias as llmcore_bf16_onerow
  * takes them: a few rows (a prompt), four outputs' weights read from memory once for all the
  * rows and widened once, four rows at a time; every row's sums are those llmcore_bf16_onerow
- * makes of it alone (normal numbers: see odd_half). Returns 0, or -1 without memory for the
- * widened rows. */
+ * makes of it alone (normal numbers: see odd_half). Returns 0. */
 int llmcore_bf16_rows(const uint16_t *w, const uint16_t *bias, const uint16_t *x,
                       uint16_t *out, long m, long n_out, long k) {
     const long chunks = (k + LANE / 2 - 1) / (LANE / 2);
-    float *xw = aligned_alloc(LANE, (size_t)(m * chunks * 32) * sizeof(float));
-    if (!xw) return -1;
-    for (long r = 0; r < m; r++)
-        for (long c = 0; c < chunks; c++) {
-            const long i = c * (LANE / 2);
-            const __mmask32 mk = k - i >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (k - i)) - 1);
-            const __m512i v = _mm512_maskz_loadu_epi16(mk, x + r * k + i);
-            _mm512_store_ps(xw + (r * chunks + c) * 32, odd_half(v));
-            _mm512_store_ps(xw + (r * chunks + c) * 32 + 16, even_half(v));
-        }
     const long blocks = (n_out + 3) / 4;
     #pragma omp parallel for schedule(static)
     for (long blk = 0; blk < blocks; blk++) {
@@ -273,7 +261,6 @@ int llmcore_bf16_rows(const uint16_t *w, const uint16_t *bias, const uint16_t *x
             r0 += rows;
         }
     }
-    free(xw);
     return 0;
 }
 
