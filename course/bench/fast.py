@@ -228,6 +228,20 @@ def best_time(fn: Callable, *args, sizes: Sizes, long_call: bool = False, **kwar
                      statistic="min", **kwargs)
 
 
+def best_times_interleaved(runs: dict[str, Callable[[], object]],
+                           sizes: Sizes) -> dict[str, float]:
+    """Seconds per call of each runner: the best of 7 rounds, each round timing every runner in
+    turn for at least ``sizes.min_seconds`` (A B A B ...), so that a slow minute of the machine
+    falls on all of them, not on whichever was timed then (one quick round with --quick)."""
+    rounds = 7 if sizes.min_seconds else 1
+    times = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name] = min(times[name], time_call(fn, repeats=1,
+                                                     min_seconds=sizes.min_seconds))
+    return times
+
+
 def weight_bytes(model: GPT) -> int:
     """Bytes a decode step reads: every parameter but the position table (one row of it)."""
     return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
@@ -686,8 +700,9 @@ def output_layout(out: TextIO, label: str, model: GPT, sizes: Sizes) -> None:
     x = x.to(device=model.device, dtype=model.dtype)
     embedding = model.token_embedding.detach()
     torch.testing.assert_close(x @ transposed, F.linear(x, embedding), rtol=1e-4, atol=1e-4)
-    rows = best_time(F.linear, x, embedding, sizes=sizes)
-    columns = best_time(torch.matmul, x, transposed, sizes=sizes)
+    times = best_times_interleaved({"rows": lambda: F.linear(x, embedding),
+                                    "columns": lambda: torch.matmul(x, transposed)}, sizes)
+    rows, columns = times["rows"], times["columns"]
     out.write(f"\noutput projection of one token, {label}, embedding (v, d) = "
               f"{tuple(embedding.shape)}: F.linear on (v, d) {format_seconds(rows)}, x @ the "
               f"(d, v) copy {format_seconds(columns)}; making the copy took "
@@ -764,9 +779,10 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
             for i, n in enumerate(lengths):
                 paged.truncate(i, n)
 
-        t_contiguous = best_time(contiguous_step, sizes=sizes)
-        t_paged = best_time(paged_step, sizes=sizes)
-        out.write(f"  backend {backend!r}: contiguous {format_seconds(t_contiguous)}, "
+        times = best_times_interleaved({"contiguous": contiguous_step, "paged": paged_step},
+                                       sizes)
+        t_contiguous, t_paged = times["contiguous"], times["paged"]
+        out.write(f"  backend {backend!r}, interleaved rounds: contiguous {format_seconds(t_contiguous)}, "
                   f"paged {format_seconds(t_paged)} (same logits; {views} of {b} sequences' "
                   f"blocks adjacent, read as views of the pool, the others gathered)\n")
         write_ratio(out, f"mixed lengths, paged / contiguous decode step time ({backend})",
@@ -802,8 +818,8 @@ def shared_prefix(out: TextIO, model: GPT, sizes: Sizes, checked: bool) -> None:
         model(step, contiguous, backend="fused")
         contiguous.truncate(prefix_length + own)
 
-    t_shared = best_time(shared_step, sizes=sizes)
-    t_contiguous = best_time(contiguous_step, sizes=sizes)
+    times = best_times_interleaved({"shared": shared_step, "contiguous": contiguous_step}, sizes)
+    t_shared, t_contiguous = times["shared"], times["contiguous"]
     out.write(f"\none decode step, {b} sequences behind one {prefix_length}-token prefix, "
               f"{own} own tokens each: contiguous (prefix stored {b} times, fused attention) "
               f"{format_seconds(t_contiguous)}, shared prefix (stored once, explicit attention) "
@@ -820,8 +836,10 @@ def attention_direct(out: TextIO, sizes: Sizes, device: torch.device, checked: b
               "torch.nn.functional.scaled_dot_product_attention(is_causal=True) called directly\n")
     for n in sizes.explicit_ns:
         q, k, v = (torch.randn(1, h, n, d_head, generator=g).to(device) for _ in range(3))
-        explicit = best_time(attention, q, k, v, causal=True, sizes=sizes)
-        sdpa = best_time(F.scaled_dot_product_attention, q, k, v, is_causal=True, sizes=sizes)
+        times = best_times_interleaved({
+            "explicit": lambda: attention(q, k, v, causal=True),
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}, sizes)
+        explicit, sdpa = times["explicit"], times["sdpa"]
         out.write(f"  n={n}: explicit attention() {format_seconds(explicit)}, SDPA "
                   f"{format_seconds(sdpa)}\n")
         write_ratio(out, f"explicit attention() time / SDPA time (n={n})", explicit / sdpa)
