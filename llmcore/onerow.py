@@ -80,7 +80,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 6
+VERSION = 8
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
@@ -412,7 +412,8 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None, *,
                 amx: bool | None = None) -> Tensor:
     """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
     bfloat16) -> (rows, d_out) bfloat16: float32 sums of bfloat16 products, one rounding. One
-    row streams w once (AVX512-BF16's dot products). Several, up to :func:`bf16_rows_at_most`
+    row streams w once (AVX512-BF16's dot products, each core reading eight runs of rows at
+    once). Several, up to :func:`bf16_rows_at_most`
     (a prompt), read each weight from memory once for all of them: on AMX
     (``native/amx.c``, the sums in the tile unit's order), or else four outputs' weights at a
     time for four rows at a time, each row's sums those of the row alone (a row gives the same

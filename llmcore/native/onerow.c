@@ -21,6 +21,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +29,11 @@
 #include "bf16.h"
 
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
+#define BF16_STREAMS 8               /* runs of rows llmcore_bf16_onerow reads at once */
+#define BF16_AHEAD 4096              /* and how far ahead in each */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 6; }
+int llmcore_onerow_version(void) { return 8; }
 
 static inline __mmask64 tail_mask(long k, long end) {
     long left = end - k;
@@ -152,33 +155,53 @@ void llmcore_w8a8_scale_rows(const int32_t *sums, const float *steps, const floa
     }
 }
 
+/* The rows [*first, *end) of n_out that this thread of the team takes (a share each). */
+static inline void my_rows(long n_out, long *first, long *end) {
+    const long t = omp_get_thread_num(), n = omp_get_num_threads();
+    *first = n_out * t / n;
+    *end = n_out * (t + 1) / n;
+}
+
 /* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) bfloat16, bias (n_out,)
  * bfloat16 or NULL. AVX512-BF16's dot product multiplies pairs of bfloat16 and adds them to
  * float32 sums (inputs and results below float32's normal range count as zero); one rounding
- * to bfloat16 at the end. */
+ * to bfloat16 at the end. Each thread cuts its share of the rows into BF16_STREAMS runs and
+ * reads one row of each run at a time: BF16_STREAMS places in memory read at once, which this
+ * host's memory serves faster than one place (GPT-2 small's 49 matrices at 31 GB/s against
+ * 26 GB/s for four adjacent rows at a time, measured together). A row's sums do not depend on
+ * which rows it is read with. */
 int llmcore_bf16_onerow(const uint16_t *w, const uint16_t *bias, const uint16_t *x,
                         uint16_t *out, long n_out, long k) {
     const long half = LANE / 2;                       /* bfloat16 values in one load */
-    const long blocks = (n_out + 3) / 4;
-    #pragma omp parallel for schedule(static)
-    for (long blk = 0; blk < blocks; blk++) {
-        const long n0 = blk * 4, rows = n_out - n0 < 4 ? n_out - n0 : 4;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()};
-        const uint16_t *row[4];
-        for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < rows ? j : 0)) * k;
-        for (long i = 0; i < k; i += half) {
-            const __mmask32 m = k - i >= half ? ~(__mmask32)0 : (((__mmask32)1 << (k - i)) - 1);
-            const __m512bh a = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
-            for (long j = 0; j < 4; j++) {
-                _mm_prefetch((const char *)(row[j] + i) + PREFETCH_AHEAD, _MM_HINT_T0);
-                acc[j] = _mm512_dpbf16_ps(acc[j], a,
-                                          (__m512bh)_mm512_maskz_loadu_epi16(m, row[j] + i));
+    #pragma omp parallel
+    {
+        long first, end;
+        my_rows(n_out, &first, &end);
+        const long run = (end - first + BF16_STREAMS - 1) / BF16_STREAMS;   /* rows a run */
+        for (long r = 0; r < run; r++) {
+            __m512 acc[BF16_STREAMS];
+            const uint16_t *row[BF16_STREAMS];
+            for (long s = 0; s < BF16_STREAMS; s++) {
+                const long n = first + s * run + r;
+                acc[s] = _mm512_setzero_ps();
+                row[s] = w + (n < end ? n : first + r) * k;    /* past the end: a row again */
             }
-        }
-        for (long j = 0; j < rows; j++) {
-            const float y = _mm512_reduce_add_ps(acc[j]);
-            out[n0 + j] = float_to_bf16(bias ? y + bf16_to_float(bias[n0 + j]) : y);
+            for (long i = 0; i < k; i += half) {
+                const __mmask32 m = k - i >= half ? ~(__mmask32)0
+                                                  : (((__mmask32)1 << (k - i)) - 1);
+                const __m512bh a = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
+                for (long s = 0; s < BF16_STREAMS; s++) {
+                    _mm_prefetch((const char *)(row[s] + i) + BF16_AHEAD, _MM_HINT_T0);
+                    acc[s] = _mm512_dpbf16_ps(acc[s], a,
+                                              (__m512bh)_mm512_maskz_loadu_epi16(m, row[s] + i));
+                }
+            }
+            for (long s = 0; s < BF16_STREAMS; s++) {
+                const long n = first + s * run + r;
+                if (n >= end) break;
+                const float y = _mm512_reduce_add_ps(acc[s]);
+                out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
+            }
         }
     }
     return 0;
