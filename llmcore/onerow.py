@@ -7,9 +7,11 @@ short of that bound for one row on the course's Intel Xeon (2 cores): fbgemm's i
 product streamed GPT-2 small's 49 int8 matrices at 16-18 GB/s, the weight-only int8 kernel
 at 10-12 GB/s, while float32's ``addmm`` streamed its four times larger matrices at 30 GB/s.
 A matrix-vector product is a short loop (chapter 1); ``native/onerow.c`` writes it for one
-row of int8 codes at a time, four rows at once per core, and tells the CPU to fetch each
-row's bytes 8 KiB before they are needed, which is what the loop lacked to stream at memory
-speed (the same 49 matrices in 4.7 ms, 26 GB/s, against fbgemm's 6.8 ms, measured together).
+row of int8 codes at a time, and each core reads eight runs of its rows at once, one row of
+each, asking the CPU for each row's bytes 4 KiB before they are needed: that is what the loop
+lacked to stream at memory speed: the same 49 matrices in 4.7 ms (26 GB/s), against 5.8 ms
+reading four adjacent rows at once, measured together, and 7.3 ms for fbgemm's kernel in the
+benchmark (``python -m course.bench --section fast``).
 int4 reads half those bytes but turns each 4-bit code into a number first, so its kernel keeps
 sixteen outputs side by side, one per lane of a register, and finds each code's value by a
 table lookup: GPT-2 small's 48 block matrices in 2.2 ms against PyTorch's int4 kernel's 3.2 ms,
@@ -80,7 +82,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 8
+VERSION = 9
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long

@@ -3,9 +3,10 @@
  * A decode step at batch 1 multiplies one row by every matrix of the model: a matrix-vector
  * product, bound by the bytes it reads. These kernels read a matrix stored as (d_out, d_in):
  * each output's weights in one row (int8 codes or bfloat16 values), its sum over that row,
- * the outputs shared among the threads, and they ask the CPU to fetch each row's bytes
- * PREFETCH_AHEAD bytes before they are needed (a loop over one row keeps too few loads in
- * flight to stream memory at its full rate on its own). Chapter 13.
+ * the outputs shared among the threads, each thread reading several runs of its rows at once
+ * (my_runs), and they ask the CPU to fetch each row's bytes STREAM_AHEAD bytes before they
+ * are needed (a loop over one row keeps too few loads in flight to stream memory at its full
+ * rate on its own). Chapter 13.
  *
  *   llmcore_w8a8_onerow: int8 codes x int8 activations (AVX-512 VNNI), the activations rounded
  *       as llmcore.lowbit's "w8a8" rounds one row: codes nearbyint(x / (r / 64)) for r =
@@ -28,12 +29,13 @@
 
 #include "bf16.h"
 
-#define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row */
-#define BF16_STREAMS 8               /* runs of rows llmcore_bf16_onerow reads at once */
-#define BF16_AHEAD 4096              /* and how far ahead in each */
+#define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row (int4, several rows) */
+#define STREAMS 8                    /* runs of rows a core reads at once (my_runs) */
+#define INT8_STREAMS 4               /* for the int8 kernel (four sums a row) */
+#define STREAM_AHEAD 4096            /* bytes ahead in each run */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 8; }
+int llmcore_onerow_version(void) { return 9; }
 
 static inline __mmask64 tail_mask(long k, long end) {
     long left = end - k;
@@ -42,6 +44,24 @@ static inline __mmask64 tail_mask(long k, long end) {
 
 static inline __mmask16 tail_mask16(long i, long end) {
     return end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1);
+}
+
+/* The rows [*first, *end) of n_out that this thread of the team takes (a share each), cut
+ * into runs of *run rows, one run per stream: the one-row kernels read row r of every run
+ * at once, STREAMS places in memory, which this host's memory serves faster than one (GPT-2
+ * small's bfloat16 matrices at 31 GB/s against 26 for four adjacent rows at a time, measured
+ * together). A row's sums never depend on which rows it is read with. */
+static inline void my_runs(long n_out, long streams, long *first, long *end, long *run) {
+    const long t = omp_get_thread_num(), n = omp_get_num_threads();
+    *first = n_out * t / n;
+    *end = n_out * (t + 1) / n;
+    *run = (*end - *first + streams - 1) / streams;
+}
+
+/* Row r of run s (see my_runs), or -1 past the share's end. */
+static inline long run_row(long first, long end, long run, long s, long r) {
+    const long n = first + s * run + r;
+    return n < end ? n : -1;
 }
 
 /* w8a8's step for one row x (k,): r / 64 for r = max |x| (exact: r / 2^6), 0 for a row of
@@ -88,28 +108,35 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
     w8a8_round(x, k, step, codes);
     memset(codes + k, 0, (size_t)(padded - k));
     const __m512i offset = _mm512_set1_epi8(64);  /* VNNI multiplies unsigned codes: +64 */
-    const long blocks = (n_out + 3) / 4;
-    #pragma omp parallel for schedule(static)
-    for (long blk = 0; blk < blocks; blk++) {
-        const long n0 = blk * 4, rows = n_out - n0 < 4 ? n_out - n0 : 4;
-        __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(),
-                          _mm512_setzero_si512(), _mm512_setzero_si512()};
-        const int8_t *row[4];
-        for (long j = 0; j < 4; j++) row[j] = w + (n0 + (j < rows ? j : 0)) * k;
-        for (long i = 0; i < padded; i += LANE) {
-            const __mmask64 m = tail_mask(i, k);
-            const __m512i a = _mm512_add_epi8(_mm512_load_si512((const void *)(codes + i)),
-                                              offset);
-            for (long j = 0; j < 4; j++) {
-                _mm_prefetch((const char *)(row[j] + i + PREFETCH_AHEAD), _MM_HINT_T0);
-                acc[j] = _mm512_dpbusd_epi32(acc[j], a, _mm512_maskz_loadu_epi8(m, row[j] + i));
+    #pragma omp parallel
+    {
+        long first, end, run;
+        my_runs(n_out, STREAMS, &first, &end, &run);
+        for (long r = 0; r < run; r++) {
+            __m512i acc[STREAMS];
+            const int8_t *row[STREAMS];
+            for (long s = 0; s < STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
+                acc[s] = _mm512_setzero_si512();
+                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
             }
-        }
-        for (long j = 0; j < rows; j++) {
-            const long n = n0 + j;
-            const int32_t sum = _mm512_reduce_add_epi32(acc[j]) - 64 * row_sums[n];
-            const float y = (float)sum * (step * scale[n]);
-            out[n] = bias ? y + bias[n] : y;
+            for (long i = 0; i < padded; i += LANE) {
+                const __mmask64 m = tail_mask(i, k);
+                const __m512i a = _mm512_add_epi8(_mm512_load_si512((const void *)(codes + i)),
+                                                  offset);
+                for (long s = 0; s < STREAMS; s++) {
+                    _mm_prefetch((const char *)(row[s] + i + STREAM_AHEAD), _MM_HINT_T0);
+                    acc[s] = _mm512_dpbusd_epi32(acc[s], a,
+                                                 _mm512_maskz_loadu_epi8(m, row[s] + i));
+                }
+            }
+            for (long s = 0; s < STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
+                if (n < 0) break;
+                const int32_t sum = _mm512_reduce_add_epi32(acc[s]) - 64 * row_sums[n];
+                const float y = (float)sum * (step * scale[n]);
+                out[n] = bias ? y + bias[n] : y;
+            }
         }
     }
     free(codes);
@@ -155,50 +182,38 @@ void llmcore_w8a8_scale_rows(const int32_t *sums, const float *steps, const floa
     }
 }
 
-/* The rows [*first, *end) of n_out that this thread of the team takes (a share each). */
-static inline void my_rows(long n_out, long *first, long *end) {
-    const long t = omp_get_thread_num(), n = omp_get_num_threads();
-    *first = n_out * t / n;
-    *end = n_out * (t + 1) / n;
-}
-
 /* out (n_out,) bfloat16 = x (k,) bfloat16 @ W + bias: w (n_out, k) bfloat16, bias (n_out,)
  * bfloat16 or NULL. AVX512-BF16's dot product multiplies pairs of bfloat16 and adds them to
  * float32 sums (inputs and results below float32's normal range count as zero); one rounding
- * to bfloat16 at the end. Each thread cuts its share of the rows into BF16_STREAMS runs and
- * reads one row of each run at a time: BF16_STREAMS places in memory read at once, which this
- * host's memory serves faster than one place (GPT-2 small's 49 matrices at 31 GB/s against
- * 26 GB/s for four adjacent rows at a time, measured together). A row's sums do not depend on
- * which rows it is read with. */
+ * to bfloat16 at the end. One row of each of STREAMS runs at a time (my_runs). */
 int llmcore_bf16_onerow(const uint16_t *w, const uint16_t *bias, const uint16_t *x,
                         uint16_t *out, long n_out, long k) {
     const long half = LANE / 2;                       /* bfloat16 values in one load */
     #pragma omp parallel
     {
-        long first, end;
-        my_rows(n_out, &first, &end);
-        const long run = (end - first + BF16_STREAMS - 1) / BF16_STREAMS;   /* rows a run */
+        long first, end, run;
+        my_runs(n_out, STREAMS, &first, &end, &run);
         for (long r = 0; r < run; r++) {
-            __m512 acc[BF16_STREAMS];
-            const uint16_t *row[BF16_STREAMS];
-            for (long s = 0; s < BF16_STREAMS; s++) {
-                const long n = first + s * run + r;
+            __m512 acc[STREAMS];
+            const uint16_t *row[STREAMS];
+            for (long s = 0; s < STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
                 acc[s] = _mm512_setzero_ps();
-                row[s] = w + (n < end ? n : first + r) * k;    /* past the end: a row again */
+                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
             }
             for (long i = 0; i < k; i += half) {
                 const __mmask32 m = k - i >= half ? ~(__mmask32)0
                                                   : (((__mmask32)1 << (k - i)) - 1);
                 const __m512bh a = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
-                for (long s = 0; s < BF16_STREAMS; s++) {
-                    _mm_prefetch((const char *)(row[s] + i) + BF16_AHEAD, _MM_HINT_T0);
+                for (long s = 0; s < STREAMS; s++) {
+                    _mm_prefetch((const char *)(row[s] + i) + STREAM_AHEAD, _MM_HINT_T0);
                     acc[s] = _mm512_dpbf16_ps(acc[s], a,
                                               (__m512bh)_mm512_maskz_loadu_epi16(m, row[s] + i));
                 }
             }
-            for (long s = 0; s < BF16_STREAMS; s++) {
-                const long n = first + s * run + r;
-                if (n >= end) break;
+            for (long s = 0; s < STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
+                if (n < 0) break;
                 const float y = _mm512_reduce_add_ps(acc[s]);
                 out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
             }
@@ -338,32 +353,48 @@ int llmcore_int8_onerow(const int8_t *w, const uint16_t *scale, const uint16_t *
     if (!xf) return -1;
     for (long i = 0; i < k; i++) xf[i] = bf16_to_float(x[i]);
     for (long i = k; i < padded; i++) xf[i] = 0.f;
-    #pragma omp parallel for schedule(static)
-    for (long n = 0; n < n_out; n++) {
-        const int8_t *row = w + n * k;
-        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                         _mm512_setzero_ps()};
-        for (long i = 0; i < padded; i += LANE) {
-            _mm_prefetch((const char *)(row + i + PREFETCH_AHEAD), _MM_HINT_T0);
-            __m128i part[4];
-            if (k - i >= LANE) {                  /* 16 codes a load, widened as loaded */
-                for (int j = 0; j < 4; j++)
-                    part[j] = _mm_loadu_si128((const void *)(row + i + 16 * j));
-            } else {                              /* the tail: one masked load */
-                const __m512i v = _mm512_maskz_loadu_epi8(tail_mask(i, k), row + i);
-                part[0] = _mm512_castsi512_si128(v);
-                part[1] = _mm512_extracti32x4_epi32(v, 1);
-                part[2] = _mm512_extracti32x4_epi32(v, 2);
-                part[3] = _mm512_extracti32x4_epi32(v, 3);
+    #pragma omp parallel
+    {
+        long first, end, run;
+        my_runs(n_out, INT8_STREAMS, &first, &end, &run);
+        for (long r = 0; r < run; r++) {
+            __m512 acc[INT8_STREAMS][4];          /* four sums a row, added at the end */
+            const int8_t *row[INT8_STREAMS];
+            for (long s = 0; s < INT8_STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
+                for (int j = 0; j < 4; j++) acc[s][j] = _mm512_setzero_ps();
+                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
             }
-            for (int j = 0; j < 4; j++)
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part[j])),
-                                         _mm512_load_ps(xf + i + 16 * j), acc[j]);
+            for (long i = 0; i < padded; i += LANE) {
+                for (long s = 0; s < INT8_STREAMS; s++) {
+                    _mm_prefetch((const char *)(row[s] + i + STREAM_AHEAD), _MM_HINT_T0);
+                    __m128i part[4];
+                    if (k - i >= LANE) {          /* 16 codes a load, widened as loaded */
+                        for (int j = 0; j < 4; j++)
+                            part[j] = _mm_loadu_si128((const void *)(row[s] + i + 16 * j));
+                    } else {                      /* the tail: one masked load */
+                        const __m512i v = _mm512_maskz_loadu_epi8(tail_mask(i, k), row[s] + i);
+                        part[0] = _mm512_castsi512_si128(v);
+                        part[1] = _mm512_extracti32x4_epi32(v, 1);
+                        part[2] = _mm512_extracti32x4_epi32(v, 2);
+                        part[3] = _mm512_extracti32x4_epi32(v, 3);
+                    }
+                    for (int j = 0; j < 4; j++)
+                        acc[s][j] = _mm512_fmadd_ps(
+                            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part[j])),
+                            _mm512_load_ps(xf + i + 16 * j), acc[s][j]);
+                }
+            }
+            for (long s = 0; s < INT8_STREAMS; s++) {
+                const long n = run_row(first, end, run, s, r);
+                if (n < 0) break;
+                const float y = _mm512_reduce_add_ps(
+                                    _mm512_add_ps(_mm512_add_ps(acc[s][0], acc[s][1]),
+                                                  _mm512_add_ps(acc[s][2], acc[s][3])))
+                                * bf16_to_float(scale[n]);
+                out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
+            }
         }
-        const float y = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]),
-                                                          _mm512_add_ps(acc[2], acc[3])))
-                        * bf16_to_float(scale[n]);
-        out[n] = float_to_bf16(bias ? y + bf16_to_float(bias[n]) : y);
     }
     free(xf);
     return 0;
