@@ -64,6 +64,13 @@ static inline long run_row(long first, long end, long run, long s, long r) {
     return n < end ? n : -1;
 }
 
+/* The row to read for row r of run s: run_row's, or past the share's end row r of the first
+ * run again (in cache already; its sums are not stored). */
+static inline long row_to_read(long first, long end, long run, long s, long r) {
+    const long n = run_row(first, end, run, s, r);
+    return n >= 0 ? n : first + r;
+}
+
 /* w8a8's step for one row x (k,): r / 64 for r = max |x| (exact: r / 2^6), 0 for a row of
  * zeros, NaN for a row with an inf or a NaN. */
 static float w8a8_step(const float *x, long k) {
@@ -116,9 +123,8 @@ int llmcore_w8a8_onerow(const int8_t *w, const int32_t *row_sums, const float *s
             __m512i acc[STREAMS];
             const int8_t *row[STREAMS];
             for (long s = 0; s < STREAMS; s++) {
-                const long n = run_row(first, end, run, s, r);
                 acc[s] = _mm512_setzero_si512();
-                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
+                row[s] = w + row_to_read(first, end, run, s, r) * k;
             }
             for (long i = 0; i < padded; i += LANE) {
                 const __mmask64 m = tail_mask(i, k);
@@ -197,9 +203,8 @@ int llmcore_bf16_onerow(const uint16_t *w, const uint16_t *bias, const uint16_t 
             __m512 acc[STREAMS];
             const uint16_t *row[STREAMS];
             for (long s = 0; s < STREAMS; s++) {
-                const long n = run_row(first, end, run, s, r);
                 acc[s] = _mm512_setzero_ps();
-                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
+                row[s] = w + row_to_read(first, end, run, s, r) * k;
             }
             for (long i = 0; i < k; i += half) {
                 const __mmask32 m = k - i >= half ? ~(__mmask32)0
@@ -361,9 +366,8 @@ int llmcore_int8_onerow(const int8_t *w, const uint16_t *scale, const uint16_t *
             __m512 acc[INT8_STREAMS][4];          /* four sums a row, added at the end */
             const int8_t *row[INT8_STREAMS];
             for (long s = 0; s < INT8_STREAMS; s++) {
-                const long n = run_row(first, end, run, s, r);
                 for (int j = 0; j < 4; j++) acc[s][j] = _mm512_setzero_ps();
-                row[s] = w + (n >= 0 ? n : first + r) * k;     /* past the end: a row again */
+                row[s] = w + row_to_read(first, end, run, s, r) * k;
             }
             for (long i = 0; i < padded; i += LANE) {
                 for (long s = 0; s < INT8_STREAMS; s++) {
