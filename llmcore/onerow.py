@@ -7,11 +7,11 @@ short of that bound for one row on the course's Intel Xeon (2 cores): fbgemm's i
 product streamed GPT-2 small's 49 int8 matrices at 16-18 GB/s, the weight-only int8 kernel
 at 10-12 GB/s, while float32's ``addmm`` streamed its four times larger matrices at 30 GB/s.
 A matrix-vector product is a short loop (chapter 1); ``native/onerow.c`` writes it for one
-row of int8 codes at a time, and each core reads eight runs of its rows at once, one row of
-each, asking the CPU for each row's bytes 4 KiB before they are needed: that is what the loop
-lacked to stream at memory speed: the same 49 matrices in 4.7 ms (26 GB/s), against 5.8 ms
-reading four adjacent rows at once, measured together, and 7.3 ms for fbgemm's kernel in the
-benchmark (``python -m course.bench --section fast``).
+row of int8 codes at a time, each core reading eight runs of its rows at once (one row of
+each) and asking the CPU for each row's bytes 4 KiB before they are needed. That is what the
+loop lacked to stream at memory speed: the same 49 matrices in 4.7 ms (26 GB/s), against
+5.8 ms reading four adjacent rows at once, measured together, and 7.3 ms for fbgemm's kernel
+in the benchmark (``python -m course.bench --section fast``).
 int4 reads half those bytes but turns each 4-bit code into a number first, so its kernel keeps
 sixteen outputs side by side, one per lane of a register, and finds each code's value by a
 table lookup: GPT-2 small's 48 block matrices in 2.2 ms against PyTorch's int4 kernel's 3.2 ms,
@@ -415,11 +415,10 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None, *,
     """x (rows, d_in) bfloat16 @ w, a (d_out, d_in) matrix of :func:`bf16_rows` (+ b (d_out,)
     bfloat16) -> (rows, d_out) bfloat16: float32 sums of bfloat16 products, one rounding. One
     row streams w once (AVX512-BF16's dot products, each core reading eight runs of rows at
-    once). Several, up to :func:`bf16_rows_at_most`
-    (a prompt), read each weight from memory once for all of them: on AMX
-    (``native/amx.c``, the sums in the tile unit's order), or else four outputs' weights at a
-    time for four rows at a time, each row's sums those of the row alone (a row gives the same
-    numbers alone and in a batch). ``amx``: None takes AMX where :func:`amx_available`, False
+    once). Several, up to :func:`bf16_rows_at_most` (a prompt), read each weight from memory
+    once for all of them: on AMX (``native/amx.c``, the sums in the tile unit's order), or
+    else four outputs' weights at a time for four rows at a time, each row's sums those of the
+    row alone (a row gives the same numbers alone and in a batch). ``amx``: None takes AMX where :func:`amx_available`, False
     never (at most :data:`BF16_ROWS_AT_MOST` rows then). ``lowbit.ONE_ROW_FORMATS["bf16"]``
     sends more rows to ``F.linear``. Chapter 13."""
     d_out, d_in = w.shape

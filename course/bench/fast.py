@@ -782,8 +782,8 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
         times = best_times_interleaved({"contiguous": contiguous_step, "paged": paged_step},
                                        sizes)
         t_contiguous, t_paged = times["contiguous"], times["paged"]
-        out.write(f"  backend {backend!r}, interleaved rounds: contiguous {format_seconds(t_contiguous)}, "
-                  f"paged {format_seconds(t_paged)} (same logits; {views} of {b} sequences' "
+        out.write(f"  backend {backend!r}, interleaved rounds: contiguous "
+                  f"{format_seconds(t_contiguous)}, paged {format_seconds(t_paged)} (same logits; {views} of {b} sequences' "
                   f"blocks adjacent, read as views of the pool, the others gathered)\n")
         write_ratio(out, f"mixed lengths, paged / contiguous decode step time ({backend})",
                     t_paged / t_contiguous,
