@@ -69,11 +69,12 @@ from .quantize import (INT4_GROUP_SIZE, int4_scale_offset, quantize_int4, quanti
 SOURCES = (Path(__file__).with_name("native") / "onerow.c",
            Path(__file__).with_name("native") / "step.c",
            Path(__file__).with_name("native") / "amx.c")
-HEADERS = (Path(__file__).with_name("native") / "bf16.h",)
+HEADERS = (Path(__file__).with_name("native") / "bf16.h",
+           Path(__file__).with_name("native") / "runs.h")
 """The kernels' C sources, shipped with the package, compiled into one library: the products
 (``onerow.c``), a GPT's whole decode step at batch 1 on them (``step.c``,
-:mod:`llmcore.onerow_step`), a prompt's bfloat16 products on AMX (``amx.c``); the header they
-include (bfloat16 <-> float32)."""
+:mod:`llmcore.onerow_step`), a prompt's bfloat16 products on AMX (``amx.c``); the headers they
+include (bfloat16 <-> float32, and the runs of rows each thread streams)."""
 
 FLAGS = ("-O3", "-ffp-contract=off", "-mavx512f", "-mavx512bw", "-mavx512vnni",
          "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp", "-shared", "-fPIC")
@@ -82,7 +83,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 9
+VERSION = 10
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long

@@ -246,6 +246,28 @@ def test_a_prompt_of_bf16_on_amx_is_the_product_to_bfloat16s_rounding(shape, row
                      + step[:, 0]).all())
 
 
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 16, 17, 33, 64])
+def test_amx_gives_each_block_of_16_outputs_its_numbers_alone(rows):
+    """Each thread reads several blocks of 16 outputs at once (six for a prompt of up to 16
+    rows, three for 17 to 32, ...): every block's outputs equal, bit for bit, those of its 16
+    outputs' weights multiplied alone, with 1 or 2 threads, the last, partial block too."""
+    d_in, d_out = 96, 16 * 23 + 5
+    g = torch.Generator().manual_seed(rows)
+    w = onerow.bf16_rows(torch.randn(d_in, d_out, generator=g))
+    bias = torch.randn(d_out, generator=g).bfloat16()
+    x = rows_of_all_sizes(rows, d_in, seed=rows).bfloat16()
+    alone = torch.cat([onerow.bf16_onerow(x, w[n:n + 16].contiguous(), bias[n:n + 16],
+                                          amx=True) for n in range(0, d_out, 16)], dim=1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            assert torch.equal(onerow.bf16_onerow(x, w, bias, amx=True), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @needs_bf16
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 7, onerow.BF16_ROWS_AT_MOST])
 def test_a_few_rows_of_bf16_give_each_row_its_numbers_alone(rows):

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "runs.h"
 
 #define PREFETCH_AHEAD 8192          /* bytes ahead in each weight row (int4, several rows) */
 #define STREAMS 8                    /* runs of rows a core reads at once (my_runs) */
@@ -35,7 +36,7 @@
 #define STREAM_AHEAD 4096            /* bytes ahead in each run */
 #define LANE 64                      /* int8 codes in one 512-bit load */
 
-int llmcore_onerow_version(void) { return 9; }
+int llmcore_onerow_version(void) { return 10; }
 
 static inline __mmask64 tail_mask(long k, long end) {
     long left = end - k;
@@ -44,31 +45,6 @@ static inline __mmask64 tail_mask(long k, long end) {
 
 static inline __mmask16 tail_mask16(long i, long end) {
     return end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1);
-}
-
-/* The rows [*first, *end) of n_out that this thread of the team takes (a share each), cut
- * into runs of *run rows, one run per stream: the one-row kernels read row r of every run
- * at once, STREAMS places in memory, which this host's memory serves faster than one (GPT-2
- * small's bfloat16 matrices at 31 GB/s against 26 for four adjacent rows at a time, measured
- * together). A row's sums never depend on which rows it is read with. */
-static inline void my_runs(long n_out, long streams, long *first, long *end, long *run) {
-    const long t = omp_get_thread_num(), n = omp_get_num_threads();
-    *first = n_out * t / n;
-    *end = n_out * (t + 1) / n;
-    *run = (*end - *first + streams - 1) / streams;
-}
-
-/* Row r of run s (see my_runs), or -1 past the share's end. */
-static inline long run_row(long first, long end, long run, long s, long r) {
-    const long n = first + s * run + r;
-    return n < end ? n : -1;
-}
-
-/* The row to read for row r of run s: run_row's, or past the share's end row r of the first
- * run again (in cache already; its sums are not stored). */
-static inline long row_to_read(long first, long end, long run, long s, long r) {
-    const long n = run_row(first, end, run, s, r);
-    return n >= 0 ? n : first + r;
 }
 
 /* w8a8's step for one row x (k,): r / 64 for r = max |x| (exact: r / 2^6), 0 for a row of
