@@ -417,9 +417,10 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None, *,
     bfloat16) -> (rows, d_out) bfloat16: float32 sums of bfloat16 products, one rounding. One
     row streams w once (AVX512-BF16's dot products, each core reading eight runs of rows at
     once). Several, up to :func:`bf16_rows_at_most` (a prompt), read each weight from memory
-    once for all of them: on AMX (``native/amx.c``, the sums in the tile unit's order), or
-    else four outputs' weights at a time for four rows at a time, each row's sums those of the
-    row alone (a row gives the same numbers alone and in a batch). ``amx``: None takes AMX where :func:`amx_available`, False
+    once for all of them: on AMX (``native/amx.c``, the sums in the tile unit's order, each
+    core reading six blocks of 16 outputs at once), or else four outputs' weights at a time
+    for four rows at a time, each row's sums those of the row alone (a row gives the same
+    numbers alone and in a batch). ``amx``: None takes AMX where :func:`amx_available`, False
     never (at most :data:`BF16_ROWS_AT_MOST` rows then). ``lowbit.ONE_ROW_FORMATS["bf16"]``
     sends more rows to ``F.linear``. Chapter 13."""
     d_out, d_in = w.shape
