@@ -430,8 +430,10 @@ class FastDecoder:
         """tokens, positions: (b, n) -> the last position's logits (b, v); cache gains n tokens.
         mask: (b, 1, n, m) bool, or None for the plain causal rule. No checks: the caller
         (:class:`FastStep`) validated everything once."""
-        if self.one_row_step is not None and tokens.shape == (1, 1) and mask is None:
-            return self.one_row_step(tokens, positions, cache)        # one call to C
+        in_c = self.one_row_step
+        if (in_c is not None and mask is None and tokens.shape[0] == 1
+                and (tokens.shape[1] == 1 or in_c.prompts)):
+            return in_c(tokens, positions, cache)                     # one call to C
         x = self.embed(tokens, positions)                                       # (b, n, d)
         rotation = self.rotation(positions)
         start = cache.length

@@ -83,7 +83,7 @@ so that one build serves every CPU that has them; a kernel runs only where the C
 own), no fused multiply-adds the source does not write (the same float32 operations as
 fbgemm), and PyTorch's OpenMP."""
 
-VERSION = 10
+VERSION = 11
 """What ``llmcore_onerow_version()`` returns for this source: a stale library is refused."""
 
 _POINTER, _LONG = ctypes.c_void_p, ctypes.c_long
@@ -198,6 +198,9 @@ def _declare(library: ctypes.CDLL) -> ctypes.CDLL:
     library.llmcore_fp32_onerow.restype = ctypes.c_int
     library.llmcore_gpt_step.argtypes = [_POINTER] * 3 + [_LONG] * 5 + [_POINTER] * 2
     library.llmcore_gpt_step.restype = ctypes.c_int
+    library.llmcore_gpt_tokens.argtypes = [_POINTER] * 3 + [_LONG, _LONG, _POINTER] + [_LONG] * 3 \
+        + [_POINTER] * 2
+    library.llmcore_gpt_tokens.restype = ctypes.c_int
     return library
 
 
@@ -256,6 +259,11 @@ def _amx_missing() -> str:
     if _library().llmcore_amx_ready() != 0:
         return "Linux did not lend this process AMX's tiles (arch_prctl ARCH_REQ_XCOMP_PERM)"
     return ""
+
+
+def amx_unavailable_reason() -> str:
+    """Why :func:`amx_available` is False on the CPU ("" when it is True)."""
+    return _amx_missing()
 
 
 def amx_available(device: torch.device | str = "cpu") -> bool:
@@ -566,3 +574,15 @@ def gpt_step(model: int, keys: int, values: int, capacity: int, bf16_cache: bool
     with _profiled("llmcore::gpt_step"):
         return _library().llmcore_gpt_step(model, keys, values, capacity, int(bf16_cache),
                                            token, position, start, logits, product_seconds)
+
+
+def gpt_tokens(model: int, keys: int, values: int, capacity: int, bf16_cache: bool,
+               tokens: int, n: int, position: int, start: int, logits: int,
+               product_seconds: int | None) -> int:
+    """The call of ``native/step.c``'s ``llmcore_gpt_tokens``: :func:`gpt_step` for ``n``
+    tokens at once (a prompt), ``tokens`` the address of their (n,) int64 ids. 0, or -1
+    without memory. It checks nothing: :class:`llmcore.onerow_step.GPTStepInC` does."""
+    with _profiled("llmcore::gpt_tokens"):
+        return _library().llmcore_gpt_tokens(model, keys, values, capacity, int(bf16_cache),
+                                             tokens, n, position, start, logits,
+                                             product_seconds)

@@ -12,9 +12,10 @@ engine's fused decode kernel does, written out. Chapter 13.
 
 :class:`GPTStepInC` is built by :func:`gpt_step_in_c` from a :class:`llmcore.fastpath.FastGPT`
 whose every matrix takes a C kernel (the one-row forms of :data:`llmcore.lowbit.ONE_ROW_FORMATS`,
-float32's included); the fast path then runs its one-token steps at batch 1 through it. Any
-other case (several rows, several tokens, a mask, another device or kernel) keeps the PyTorch
-step, and :func:`why_not` says why.
+float32's included); the fast path then runs its one-token steps at batch 1 through it, and a
+prompt's tokens too where one call multiplies all their rows (bfloat16 on AMX:
+:func:`why_no_prompts`). Any other case (several rows, a mask, another device or kernel)
+keeps the PyTorch step, and :func:`why_not` says why.
 """
 
 from __future__ import annotations
@@ -133,6 +134,16 @@ def why_not(fast) -> str:
     return ""
 
 
+def why_no_prompts(kind: int) -> str:
+    """Why the step in C cannot take a prompt's tokens at once for matrices of ``kind`` (""
+    when it can): a prompt's rows pay off in C only where one call multiplies them all,
+    reading each weight once. That is bfloat16 on AMX (``native/amx.c``); any other kernel
+    takes one row at a time, and PyTorch's batched products serve a prompt faster."""
+    if kind != KIND_BF16:
+        return "only bfloat16's products (on AMX) take a prompt's rows at once in C"
+    return "" if onerow.amx_available() else f"AMX does not run here: {onerow.amx_unavailable_reason()}"
+
+
 def gpt_step_in_c(fast) -> GPTStepInC | None:
     """A :class:`GPTStepInC` for ``fast``, or None (:func:`why_not` says why)."""
     return None if why_not(fast) else GPTStepInC(fast)
@@ -183,10 +194,17 @@ class GPTStepInC:
             self.model.head = describe(self.head_kind, fast.head, None, d)
         self.product_seconds: float | None = None
         self._spent = ctypes.c_double(0.0)
+        self.why_no_prompts = why_no_prompts(self.kind)
+        """Why a prompt's tokens cannot go through C at once ("" when they can)."""
+        self.prompts = not self.why_no_prompts
+        """Whether a call may take several tokens (a prompt) in one call to C."""
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache) -> Tensor:
-        """tokens, positions: (1, 1) -> logits (1, v) float32; the cache gains a token."""
+        """tokens, positions: (1, n) -> logits (1, v) float32 of the last token; the cache gains
+        n tokens, each attending over the rows up to its own. n > 1 (a prompt) only where
+        :attr:`prompts`, with consecutive positions."""
         model, fast, g = self.fast.model, self.fast, self.model
+        n = tokens.shape[1]
         embedding, positions_table = model.token_embedding, model.position_embedding
         if not (embedding.dtype == positions_table.dtype == torch.float32
                 and embedding.is_contiguous() and positions_table.is_contiguous()
@@ -198,10 +216,25 @@ class GPTStepInC:
                              f"{self.d}), got {embedding.dtype} {tuple(embedding.shape)} and "
                              f"{positions_table.dtype} {tuple(positions_table.shape)}; build a "
                              f"new fast path")
-        token, position = int(tokens.item()), int(positions.item())   # (1, 1): one number each
-        if not (0 <= token < g.vocab and 0 <= position < positions_table.shape[0]):
-            raise IndexError(f"token {token} or position {position} out of range "
-                             f"({g.vocab} tokens, {positions_table.shape[0]} positions)")
+        if n == 1:
+            token = lowest = highest = int(tokens.item())
+            position = int(positions.item())
+        else:
+            if not self.prompts:
+                raise ValueError(f"GPTStepInC: {n} tokens at once, but {self.why_no_prompts}")
+            ids = tokens.reshape(n).to(torch.long).contiguous()
+            lowest, highest = int(ids.min()), int(ids.max())
+            position = int(positions[0, 0])
+            if not torch.equal(positions.reshape(n).cpu(), torch.arange(position, position + n)):
+                raise ValueError(f"GPTStepInC: expected consecutive positions for {n} tokens, "
+                                 f"got {positions.tolist()}")
+        last = position + n - 1
+        if not (0 <= lowest and highest < g.vocab and 0 <= position
+                and last < positions_table.shape[0]):
+            where = f"{position}" if n == 1 else f"{position} to {last}"
+            raise IndexError(f"token {lowest if lowest < 0 else highest} or position {where} "
+                             f"out of range ({g.vocab} tokens, {positions_table.shape[0]} "
+                             f"positions)")
         keys, values = cache.keys, cache.values
         capacity = keys.shape[3] if keys.dim() == 5 else 0
         shape = (g.layers, 1, g.kv_heads, capacity, g.d_head)
@@ -212,9 +245,9 @@ class GPTStepInC:
                              f"d_head) = {shape}, got {keys.dtype} {tuple(keys.shape)} and "
                              f"{values.dtype} {tuple(values.shape)}")
         start = cache.length
-        if not 0 <= start < capacity:
+        if not (0 <= start and start + n <= capacity):
             raise ValueError(f"GPTStepInC: the cache holds {capacity} {keys.dtype} rows, "
-                             f"{start} filled; expected room for one more")
+                             f"{start} filled; expected room for {n} more")
         g.token_embedding = embedding.data_ptr()
         g.position_embedding = positions_table.data_ptr()
         if fast.head is None:                    # float32's own (d, v) projection
@@ -227,14 +260,19 @@ class GPTStepInC:
         logits = torch.empty(1, g.vocab, dtype=torch.float32)
         timing = self.product_seconds is not None
         self._spent.value = 0.0
-        status = onerow.gpt_step(ctypes.addressof(g), keys.data_ptr(), values.data_ptr(),
-                                 capacity,
-                                 self.dtype == torch.bfloat16, token, position, start,
-                                 logits.data_ptr(),
-                                 ctypes.addressof(self._spent) if timing else None)
+        spent = ctypes.addressof(self._spent) if timing else None
+        bf16_cache = self.dtype == torch.bfloat16
+        if n == 1:
+            status = onerow.gpt_step(ctypes.addressof(g), keys.data_ptr(), values.data_ptr(),
+                                     capacity, bf16_cache, token, position, start,
+                                     logits.data_ptr(), spent)
+        else:
+            status = onerow.gpt_tokens(ctypes.addressof(g), keys.data_ptr(), values.data_ptr(),
+                                       capacity, bf16_cache, ids.data_ptr(), n, position, start,
+                                       logits.data_ptr(), spent)
         if status:
             raise MemoryError("GPTStepInC: no memory for the step's activations")
         if timing:
             self.product_seconds += self._spent.value
-        cache.length = start + 1
+        cache.length = start + n
         return logits

@@ -7,6 +7,7 @@ another form, and a bad token, position or cache is refused before C reads memor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -67,7 +68,8 @@ def test_the_step_in_c_gives_the_pytorch_steps_logits(precision, config, monkeyp
     assert "run whole in C" in fast.kernel
     _, theirs = logits_of(model, precision, prompt, follow, in_c=False,
                           monkeypatch=monkeypatch)
-    assert torch.equal(ours[0], theirs[0])                  # the prompt: PyTorch both times
+    if not fast.one_row_step.prompts:                   # the prompt: PyTorch both times
+        assert torch.equal(ours[0], theirs[0])
     scale = float(theirs.abs().max())
     error = float((ours - theirs).abs().max()) / scale
     assert error < TOLERANCE[precision], error
@@ -110,7 +112,8 @@ def test_it_reads_the_models_embedding_as_it_is_now(monkeypatch):
 
 def test_it_serves_only_what_it_computes(monkeypatch):
     """Batch 2, a Llama, torch.compile's blocks and PyTorch's own kernels keep the PyTorch
-    step, each with its reason; several tokens (a prompt) and a mask go to PyTorch too."""
+    step, each with its reason; several tokens (a prompt) of a kind other than bfloat16 on AMX
+    and a mask go to PyTorch too."""
     forced("w8a8", monkeypatch)
     forced("fp32", monkeypatch)
     gpt = model_of("gpt", seed=1)
@@ -120,17 +123,19 @@ def test_it_serves_only_what_it_computes(monkeypatch):
         dense_from=None))                           # PyTorch's weight-only kernel
     # (pack= chooses the kernels: the C step is not timed against them)
     assert "C kernels" in why_not(fast_model(gpt, precision="w8a8", pack=False))
-    calls = []
     fast = fast_model(gpt, precision="fp32")
     if fast.one_row_step is None:
         pytest.skip(f"float32 keeps PyTorch's step here: {fast.kernel}")
     real = fast.one_row_step
-    fast.one_row_step = lambda *args: calls.append(args) or real(*args)
+    fast.one_row_step = recorded = Recorded(real)
+    assert not real.prompts and "only bfloat16" in real.why_no_prompts
     step = FastStep(fast, gpt, token_ids(gpt.config, 1, 3), 2, None)
     step(token_ids(gpt.config, 1, 3))
-    assert not calls                                # the prompt: PyTorch
+    assert not recorded.shapes                      # the prompt: PyTorch
+    with pytest.raises(ValueError, match="3 tokens at once, but only bfloat16"):
+        real(token_ids(gpt.config, 1, 3), torch.arange(3)[None], step.cache)
     step(token_ids(gpt.config, 1, 1))
-    assert len(calls) == 1
+    assert recorded.shapes == [(1, 1)]
 
 
 def test_bad_tokens_positions_and_caches_are_refused_before_c_reads_memory(monkeypatch):
@@ -204,6 +209,81 @@ def test_a_model_in_the_cache_times_the_step_in_c_too_unless_the_caller_chose(pr
     scale = float(logits[1].abs().max())
     tolerance = TOLERANCE[precision or "fp32"] * (10 if precision == "int4" else 1)
     assert float((logits[0] - logits[1]).abs().max()) / scale < tolerance
+
+
+class Recorded:
+    """A step in C that records the shape of the tokens of each call."""
+
+    def __init__(self, step: GPTStepInC):
+        self.step, self.prompts, self.shapes = step, step.prompts, []
+
+    def __call__(self, tokens, positions, cache):
+        self.shapes.append(tuple(tokens.shape))
+        return self.step(tokens, positions, cache)
+
+
+needs_amx = pytest.mark.skipif(not onerow.amx_available(),
+                               reason=f"AMX does not run here: {onerow.amx_unavailable_reason()}")
+
+
+@needs_amx
+@pytest.mark.parametrize("config", ["mha", "gqa"])
+@pytest.mark.parametrize("n", [2, 16, 97])
+def test_a_bf16_prompt_in_c_gives_the_pytorch_prompts_logits_and_cache(config, n,
+                                                                       monkeypatch):
+    """bfloat16 on AMX takes a prompt's tokens in one call to C (97: two calls of the AMX
+    kernel, 96 rows and 1): its last logits and every cached key and value within a bfloat16
+    rounding of the PyTorch prompt's, the cache n rows longer; then a prompt after a past
+    (3 tokens after n), each token seeing the rows up to its own."""
+    forced("bf16", monkeypatch)
+    if config == "mha":
+        model = randomize(GPT(LONG_GPT), seed=12, std=0.1).eval()
+    else:
+        model = randomize(GPT(dataclasses.replace(GQA_GPT, max_seq_len=128)), seed=12, std=0.1).eval()
+    prompt, more = token_ids(model.config, 1, n), token_ids(model.config, 1, 3, seed=5)
+    runs = {}
+    for in_c in (True, False):
+        with monkeypatch.context() as patched:
+            patched.setattr(fastpath, "STEP_IN_C", in_c)
+            fast = fast_model(model, precision="bf16")
+        assert (fast.one_row_step is not None and fast.one_row_step.prompts) == in_c
+        step = FastStep(fast, model, prompt, more.shape[1] + 1, None)
+        if in_c:
+            fast.one_row_step = recorded = Recorded(fast.one_row_step)
+        first = step(prompt)
+        assert step.cache.length == n
+        after = step(more)                            # three tokens after the prompt
+        assert step.cache.length == n + 3
+        if in_c:
+            assert recorded.shapes == [(1, n), (1, 3)]
+        runs[in_c] = first, after, step.cache
+    (first, after, cache), (want_first, want_after, want_cache) = runs[True], runs[False]
+    for got, want in ((first, want_first), (after, want_after)):
+        error = float((got - want).abs().max() / want.abs().max())
+        assert error < TOLERANCE["bf16"], error
+    for got, want in ((cache.keys, want_cache.keys), (cache.values, want_cache.values)):
+        rows = got[:, :, :, :n + 3].float(), want[:, :, :, :n + 3].float()
+        assert float((rows[0] - rows[1]).abs().max()) <= 2 ** -7 * float(rows[1].abs().max())
+
+
+@needs_amx
+def test_a_bad_prompt_is_refused_before_c_reads_memory(monkeypatch):
+    forced("bf16", monkeypatch)
+    model = model_of("gpt", seed=2)
+    in_c = fast_model(model, precision="bf16").one_row_step
+    assert in_c is not None and in_c.prompts
+    cache = StaticCache(model, 1, 6, dtype=torch.bfloat16)
+    ids, places = torch.tensor([[1, 2, 3]]), torch.arange(3)[None]
+    with pytest.raises(IndexError, match="token 64 or position 0 to 2"):
+        in_c(ids.index_fill(1, torch.tensor([1]), model.config.vocab_size), places, cache)
+    with pytest.raises(IndexError, match="token -1"):
+        in_c(ids - 2, places, cache)
+    with pytest.raises(ValueError, match="consecutive positions"):
+        in_c(ids, torch.tensor([[0, 2, 3]]), cache)
+    cache.length = 4
+    with pytest.raises(ValueError, match="6 torch.bfloat16 rows, 4 filled; expected room "
+                                         "for 3 more"):
+        in_c(ids, places + 4, cache)
 
 
 LONG_GPT = GPTConfig(vocab_size=64, max_seq_len=320, d_model=256, n_heads=8, n_layers=1)

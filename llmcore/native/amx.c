@@ -60,17 +60,6 @@ static void configure_tiles(void) {
     _tile_loadconfig(&config);
 }
 
-/* float_to_bf16 (bf16.h) of 16 floats at once: round to nearest, ties to even, a NaN kept a
- * NaN. */
-static inline __m256i floats_to_bf16(__m512 f) {
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), u,
-                             _mm512_set1_epi32(0x400000));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 /* The 16 x 16 matrix of 32-bit words whose row i is r[i], transposed: t[j] is its column j.
  * Four rounds of 16 shuffles: pairs of rows, then of pairs, then 128-bit lanes twice. */
 static inline void transpose16(const __m512i r[16], __m512i t[16]) {

@@ -57,14 +57,15 @@ int llmcore_int8_onerow(const int8_t *, const uint16_t *, const uint16_t *, cons
                         uint16_t *, long, long);
 int llmcore_bf16_onerow(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *, long,
                         long);
+int llmcore_bf16_rows_amx(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *,
+                          long, long, long);
 int llmcore_int4_rows(const uint32_t *, const uint16_t *, const uint16_t *, const uint16_t *,
                       const uint16_t *, uint16_t *, long, long, long, long);
 
 #define FP32_ROWS 16                 /* float32 rows read at once */
 #define FP32_AHEAD 512               /* bytes ahead in each float32 row */
 #define ATTEND_ALONE_BELOW 65536     /* attention's multiply-adds a thread does alone */
-
-static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+#define AMX_ROWS 96                  /* rows amx.c's kernel takes at once */
 
 /* The first `left` of 16 lanes (all 16 from 16 on). */
 static inline __mmask16 first(long left) {
@@ -134,7 +135,7 @@ static int product(const llmcore_matrix *m, const float *x, float *y, uint16_t *
     if (m->kind == KIND_W8A8)
         return llmcore_w8a8_onerow(m->w, m->a, m->b, m->bias, x, y, n, k);
     uint16_t *xb = scratch, *yb = scratch + k;
-    for (long i = 0; i < k; i++) xb[i] = float_to_bf16(x[i]);
+    narrow_to_bf16(x, xb, k);
     int status = 0;
     if (m->kind == KIND_INT8)
         status = llmcore_int8_onerow(m->w, m->a, m->bias, xb, yb, n, k);
@@ -142,7 +143,31 @@ static int product(const llmcore_matrix *m, const float *x, float *y, uint16_t *
         status = llmcore_bf16_onerow(m->w, m->bias, xb, yb, n, k);
     else
         status = llmcore_int4_rows(m->w, m->a, m->b, m->bias, xb, yb, 1, n, k, m->group);
-    for (long j = 0; j < n; j++) y[j] = bf16_to_float(yb[j]);
+    widen_from_bf16(yb, y, n);
+    return status;
+}
+
+/* y (n, d_out) = x (n, d_in) @ m, row by row as product() does: one row is product()'s; a
+ * bfloat16 matrix takes up to AMX_ROWS rows at a time on AMX (amx.c: each weight read once
+ * for all of them; the caller has checked that this process may use AMX); another kind takes
+ * its rows one at a time. scratch: AMX_ROWS (d_in + d_out) uint16. Returns 0, or -1. */
+static int product_rows(const llmcore_matrix *m, const float *x, float *y, long n,
+                        uint16_t *scratch) {
+    const long d_out = m->d_out, k = m->d_in;
+    if (m->kind != KIND_BF16 || n == 1) {
+        int status = 0;
+        for (long r = 0; r < n && !status; r++)
+            status = product(m, x + r * k, y + r * d_out, scratch);
+        return status;
+    }
+    int status = 0;
+    for (long r0 = 0; r0 < n && !status; r0 += AMX_ROWS) {
+        const long rows = n - r0 < AMX_ROWS ? n - r0 : AMX_ROWS;
+        uint16_t *xb = scratch, *yb = scratch + rows * k;
+        narrow_to_bf16(x + r0 * k, xb, rows * k);
+        status = llmcore_bf16_rows_amx(m->w, m->bias, xb, yb, rows, d_out, k);
+        widen_from_bf16(yb, y + r0 * d_out, rows * d_out);
+    }
     return status;
 }
 
@@ -196,7 +221,7 @@ static void gelu_tanh(float *x, long n, int bf16) {
         _mm512_mask_storeu_ps(x + i, t, g);
     }
     if (bf16)
-        for (long i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+        round_to_bf16(x, n);
 }
 
 /* 16 floats of a cache row from element i on (a mask t of them), widened from bfloat16 when
@@ -263,7 +288,7 @@ static void attend(const llmcore_gpt *g, const float *q, const float *k, const f
             _mm512_mask_storeu_ps(o + i, t, sum);
         }
         if (bf16)
-            for (long i = 0; i < dh; i++) o[i] = round_bf16(o[i]);
+            round_to_bf16(o, dh);
     }
 }
 
@@ -273,23 +298,26 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* A timed product: its seconds added to *spent when spent is not NULL. */
-static int timed(const llmcore_matrix *m, const float *x, float *y, uint16_t *scratch,
+/* A timed product of n rows: its seconds added to *spent when spent is not NULL. */
+static int timed(const llmcore_matrix *m, const float *x, float *y, long n, uint16_t *scratch,
                  double *spent) {
-    if (!spent) return product(m, x, y, scratch);
+    if (!spent) return product_rows(m, x, y, n, scratch);
     const double begin = now();
-    const int status = product(m, x, y, scratch);
+    const int status = product_rows(m, x, y, n, scratch);
     *spent += now() - begin;
     return status;
 }
 
-/* One decode step: token at `position` through every block and the head, into logits
- * (vocab,) float32; its K and V written at row `start` of the cache keys, values (layers,
- * kv_heads, capacity, d_head), float32 or (bf16_cache) bfloat16. product_seconds: NULL, or
- * where the seconds spent in the matrix products are added. Returns 0, -1 without memory. */
-int llmcore_gpt_step(const llmcore_gpt *g, void *keys, void *values, long capacity,
-                     long bf16_cache, long token, long position, long start, float *logits,
-                     double *product_seconds) {
+/* n tokens through every block and the head (a prompt, or n = 1: one decode step): token
+ * i at position + i, its K and V written at row start + i of the cache keys, values (layers,
+ * kv_heads, capacity, d_head), float32 or (bf16_cache) bfloat16, each token attending over
+ * the rows up to its own (the causal rule); the last token's logits into logits (vocab,)
+ * float32. Each token's row takes the same operations as it would alone, but for the
+ * products, which take all n rows at once (product_rows). product_seconds: NULL, or where the
+ * seconds spent in the matrix products are added. Returns 0, -1 without memory. */
+int llmcore_gpt_tokens(const llmcore_gpt *g, void *keys, void *values, long capacity,
+                       long bf16_cache, const int64_t *tokens, long n, long position,
+                       long start, float *logits, double *product_seconds) {
     const long d = g->d, dh = g->d_head;
     const long q_width = g->heads * dh, kv_width = g->kv_heads * dh;
     long widest = 0;                                   /* the widest product, in or out */
@@ -300,40 +328,57 @@ int llmcore_gpt_step(const llmcore_gpt *g, void *keys, void *values, long capaci
             widest = ms[i]->d_out > widest ? ms[i]->d_out : widest;
     }
     widest = widest > d ? widest : d;
-    float *x = malloc(sizeof(float) * (size_t)d);
-    float *normed = malloc(sizeof(float) * (size_t)d);
-    float *wide = malloc(sizeof(float) * (size_t)widest);
-    float *out = malloc(sizeof(float) * (size_t)(q_width > d ? q_width : d));
+    const long wide_row = widest, out_row = q_width > d ? q_width : d;
+    const long rows_at_once = n < AMX_ROWS ? n : AMX_ROWS;
+    float *x = malloc(sizeof(float) * (size_t)(n * d));
+    float *normed = malloc(sizeof(float) * (size_t)(n * d));
+    float *wide = malloc(sizeof(float) * (size_t)(n * wide_row));
+    float *out = malloc(sizeof(float) * (size_t)(n * out_row));
     float *scores = malloc(sizeof(float) * (size_t)(g->heads * capacity));
     const long layer_size = g->kv_heads * capacity * dh * (bf16_cache ? 2 : 4);   /* bytes */
-    uint16_t *scratch = malloc(sizeof(uint16_t) *
-                               (size_t)(2 * (widest > g->vocab ? widest : g->vocab) + d));
+    uint16_t *scratch = malloc(sizeof(uint16_t) * (size_t)(
+        rows_at_once * 2 * (widest > g->vocab ? widest : g->vocab) + d));
     int status = (x && normed && wide && out && scores && scratch) ? 0 : -1;
-    if (!status) {
-        const float *te = g->token_embedding + token * d;
-        const float *pe = g->position_embedding + position * d;
-        for (long i = 0; i < d; i++) x[i] = te[i] + pe[i];
+    for (long r = 0; r < n && !status; r++) {
+        const float *te = g->token_embedding + tokens[r] * d;
+        const float *pe = g->position_embedding + (position + r) * d;
+        for (long i = 0; i < d; i++) x[r * d + i] = te[i] + pe[i];
     }
     for (long l = 0; l < g->layers && !status; l++) {
         const llmcore_gpt_block *b = &g->blocks[l];
         const int bf16 = bf16_activations(b->qkv.kind);
-        layer_norm(x, b->ln_1_scale, b->ln_1_shift, g->eps, d, normed);
-        status |= timed(&b->qkv, normed, wide, scratch, product_seconds);
-        attend(g, wide, wide + q_width, wide + q_width + kv_width,
-               (char *)keys + l * layer_size, (char *)values + l * layer_size, capacity,
-               (int)bf16_cache, start, out, scores);
-        status |= timed(&b->o, out, normed, scratch, product_seconds);
-        for (long i = 0; i < d; i++) x[i] += normed[i];
-        layer_norm(x, b->ln_2_scale, b->ln_2_shift, g->eps, d, normed);
-        status |= timed(&b->up, normed, wide, scratch, product_seconds);
-        gelu_tanh(wide, b->up.d_out, bf16);
-        status |= timed(&b->down, wide, normed, scratch, product_seconds);
-        for (long i = 0; i < d; i++) x[i] += normed[i];
+        const long qkv_width = b->qkv.d_out, f = b->up.d_out;
+        for (long r = 0; r < n; r++)
+            layer_norm(x + r * d, b->ln_1_scale, b->ln_1_shift, g->eps, d, normed + r * d);
+        status |= timed(&b->qkv, normed, wide, n, scratch, product_seconds);
+        for (long r = 0; r < n && !status; r++) {             /* token r sees rows <= its own */
+            const float *qkv = wide + r * qkv_width;
+            attend(g, qkv, qkv + q_width, qkv + q_width + kv_width,
+                   (char *)keys + l * layer_size, (char *)values + l * layer_size, capacity,
+                   (int)bf16_cache, start + r, out + r * q_width, scores);
+        }
+        status |= timed(&b->o, out, normed, n, scratch, product_seconds);
+        for (long i = 0; i < n * d; i++) x[i] += normed[i];
+        for (long r = 0; r < n; r++)
+            layer_norm(x + r * d, b->ln_2_scale, b->ln_2_shift, g->eps, d, normed + r * d);
+        status |= timed(&b->up, normed, wide, n, scratch, product_seconds);
+        gelu_tanh(wide, n * f, bf16);
+        status |= timed(&b->down, wide, normed, n, scratch, product_seconds);
+        for (long i = 0; i < n * d; i++) x[i] += normed[i];
     }
     if (!status) {
-        layer_norm(x, g->ln_f_scale, g->ln_f_shift, g->eps, d, normed);
-        status |= timed(&g->head, normed, logits, scratch, product_seconds);
+        layer_norm(x + (n - 1) * d, g->ln_f_scale, g->ln_f_shift, g->eps, d, normed);
+        status |= timed(&g->head, normed, logits, 1, scratch, product_seconds);
     }
     free(x); free(normed); free(wide); free(out); free(scores); free(scratch);
     return status;
+}
+
+/* One decode step: llmcore_gpt_tokens for the one token `token`. */
+int llmcore_gpt_step(const llmcore_gpt *g, void *keys, void *values, long capacity,
+                     long bf16_cache, long token, long position, long start, float *logits,
+                     double *product_seconds) {
+    const int64_t one = token;
+    return llmcore_gpt_tokens(g, keys, values, capacity, bf16_cache, &one, 1, position, start,
+                              logits, product_seconds);
 }
