@@ -230,16 +230,10 @@ def best_time(fn: Callable, *args, sizes: Sizes, long_call: bool = False, **kwar
 
 def best_times_interleaved(runs: dict[str, Callable[[], object]],
                            sizes: Sizes) -> dict[str, float]:
-    """Seconds per call of each runner: the best of 7 rounds, each round timing every runner in
-    turn for at least ``sizes.min_seconds`` (A B A B ...), so that a slow minute of the machine
-    falls on all of them, not on whichever was timed then (one quick round with --quick)."""
-    rounds = 7 if sizes.min_seconds else 1
-    times = {name: float("inf") for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            times[name] = min(times[name], time_call(fn, repeats=1,
-                                                     min_seconds=sizes.min_seconds))
-    return times
+    """Seconds per call of each runner: the best of 7 rounds (:func:`best_of`), each runner
+    timed over at least ``sizes.min_seconds`` of calls a round (one quick round with
+    --quick)."""
+    return best_of(runs, 7 if sizes.min_seconds else 1, min_seconds=sizes.min_seconds)[0]
 
 
 def weight_bytes(model: GPT) -> int:
@@ -275,16 +269,24 @@ def mixed_prompts(config: GPTConfig, b: int, n: int, seed: int):
     return ids, mask
 
 
-def best_of(runs: dict[str, Callable], repeats: int) -> tuple[dict[str, float], dict]:
-    """Each runner's best time over ``repeats`` rounds, interleaved (A B C A B C ...) so that a
-    change in the machine's load hits every runner alike; and each one's last result."""
+def best_of(runs: dict[str, Callable], repeats: int, *,
+            min_seconds: float = 0.0) -> tuple[dict[str, float], dict]:
+    """Each runner's best seconds per call over ``repeats`` rounds, interleaved (A B C A B C
+    ...) so that a change in the machine's load hits every runner alike; and each one's last
+    result. A round times one call of each runner, or, with ``min_seconds``, calls for at
+    least that long (their results not kept: None)."""
     times = {name: float("inf") for name in runs}
     results = {}
     for _ in range(repeats):
         for name, fn in runs.items():
-            start = time.perf_counter()
-            results[name] = fn()
-            times[name] = min(times[name], time.perf_counter() - start)
+            if min_seconds:
+                seconds, results[name] = time_call(fn, repeats=1,
+                                                   min_seconds=min_seconds), None
+            else:
+                start = time.perf_counter()
+                results[name] = fn()
+                seconds = time.perf_counter() - start
+            times[name] = min(times[name], seconds)
     return times, results
 
 
