@@ -141,7 +141,9 @@ def why_no_prompts(kind: int) -> str:
     takes one row at a time, and PyTorch's batched products serve a prompt faster."""
     if kind != KIND_BF16:
         return "only bfloat16's products (on AMX) take a prompt's rows at once in C"
-    return "" if onerow.amx_available() else f"AMX does not run here: {onerow.amx_unavailable_reason()}"
+    if onerow.amx_available():
+        return ""
+    return f"AMX does not run here: {onerow.amx_unavailable_reason()}"
 
 
 def gpt_step_in_c(fast) -> GPTStepInC | None:
@@ -216,6 +218,9 @@ class GPTStepInC:
                              f"{self.d}), got {embedding.dtype} {tuple(embedding.shape)} and "
                              f"{positions_table.dtype} {tuple(positions_table.shape)}; build a "
                              f"new fast path")
+        if n < 1 or tuple(positions.shape) != (1, n):
+            raise ValueError(f"GPTStepInC: expected tokens and positions (1, n), n >= 1, got "
+                             f"{tuple(tokens.shape)} and {tuple(positions.shape)}")
         if n == 1:
             token = lowest = highest = int(tokens.item())
             position = int(positions.item())

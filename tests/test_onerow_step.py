@@ -239,7 +239,8 @@ def test_a_bf16_prompt_in_c_gives_the_pytorch_prompts_logits_and_cache(config, n
     if config == "mha":
         model = randomize(GPT(LONG_GPT), seed=12, std=0.1).eval()
     else:
-        model = randomize(GPT(dataclasses.replace(GQA_GPT, max_seq_len=128)), seed=12, std=0.1).eval()
+        config = dataclasses.replace(GQA_GPT, max_seq_len=128)          # room for 97 + 3
+        model = randomize(GPT(config), seed=12, std=0.1).eval()
     prompt, more = token_ids(model.config, 1, n), token_ids(model.config, 1, 3, seed=5)
     runs = {}
     for in_c in (True, False):
@@ -280,6 +281,10 @@ def test_a_bad_prompt_is_refused_before_c_reads_memory(monkeypatch):
         in_c(ids - 2, places, cache)
     with pytest.raises(ValueError, match="consecutive positions"):
         in_c(ids, torch.tensor([[0, 2, 3]]), cache)
+    with pytest.raises(ValueError, match=r"\(1, n\), n >= 1, got \(1, 0\)"):
+        in_c(ids[:, :0], places[:, :0], cache)
+    with pytest.raises(ValueError, match=r"got \(1, 3\) and \(1, 2\)"):
+        in_c(ids, places[:, :2], cache)
     cache.length = 4
     with pytest.raises(ValueError, match="6 torch.bfloat16 rows, 4 filled; expected room "
                                          "for 3 more"):

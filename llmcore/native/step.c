@@ -7,7 +7,9 @@
  * GPT-2 small about 2.3 ms a step, a third of a w8a8 step. Here a step is one call: the same
  * operations, in the same order and with the same roundings as llmcore.fastpath.FastGPT's
  * block, on the products of onerow.c (or, for float32, the model's own (d_in, d_out)
- * matrices). Chapter 13.
+ * matrices). The same function takes n tokens at once (llmcore_gpt_tokens): a prompt, whose
+ * products pay off here only where one call multiplies all its rows (bfloat16 on AMX, amx.c;
+ * llmcore/onerow_step.py sends no other prompt). Chapter 13.
  *
  * A matrix is described by struct llmcore_matrix: its kind says which kernel reads it and
  * the dtype of its activations (float32 for KIND_FP32 and KIND_W8A8, bfloat16 for the others:
