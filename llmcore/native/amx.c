@@ -178,9 +178,7 @@ static void write_block(const float *sums, const uint16_t *bias, uint16_t *out, 
                         long m, long n_out, long groups) {
     const long n0 = blk * TILE, rows = n_out - n0 < TILE ? n_out - n0 : TILE;
     const __mmask16 lanes = (__mmask16)((1u << rows) - 1);
-    const __m512 added = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(
-            (__mmask32)lanes, bias + n0))), 16)) : _mm512_setzero_ps();
+    const __m512 added = bias ? load_bf16s(bias + n0, lanes) : _mm512_setzero_ps();
     for (long g = 0; g < groups; g++) {
         __m512i by_output[TILE], by_row[TILE];
         for (long i = 0; i < TILE; i++)

@@ -39,14 +39,26 @@ static inline __m512 bf16_to_floats(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline __mmask16 bf16_lanes(long left) {     /* the first `left` of 16 lanes */
+/* The first `left` of 16 lanes (all 16 from 16 on): the mask of a vector's tail. */
+static inline __mmask16 first_lanes(long left) {
     return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* 16 bfloat16s at x widened (a mask t of them, zeros elsewhere). */
+static inline __m512 load_bf16s(const uint16_t *x, __mmask16 t) {
+    return bf16_to_floats(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)t, x)));
+}
+
+/* 16 floats of x from element i on (a mask t of them): x float32, or (bf16) bfloat16 widened. */
+static inline __m512 load_floats(const void *x, long i, __mmask16 t, int bf16) {
+    return bf16 ? load_bf16s((const uint16_t *)x + i, t)
+                : _mm512_maskz_loadu_ps(t, (const float *)x + i);
 }
 
 /* out (n,) bfloat16 = x (n,) float32 rounded, 16 at a time. */
 static inline void narrow_to_bf16(const float *x, uint16_t *out, long n) {
     for (long i = 0; i < n; i += 16) {
-        const __mmask16 t = bf16_lanes(n - i);
+        const __mmask16 t = first_lanes(n - i);
         _mm512_mask_storeu_epi16(out + i, (__mmask32)t, _mm512_castsi256_si512(
             floats_to_bf16(_mm512_maskz_loadu_ps(t, x + i))));
     }
@@ -55,16 +67,15 @@ static inline void narrow_to_bf16(const float *x, uint16_t *out, long n) {
 /* out (n,) float32 = x (n,) bfloat16 widened, 16 at a time. */
 static inline void widen_from_bf16(const uint16_t *x, float *out, long n) {
     for (long i = 0; i < n; i += 16) {
-        const __mmask16 t = bf16_lanes(n - i);
-        _mm512_mask_storeu_ps(out + i, t, bf16_to_floats(_mm512_castsi512_si256(
-            _mm512_maskz_loadu_epi16((__mmask32)t, x + i))));
+        const __mmask16 t = first_lanes(n - i);
+        _mm512_mask_storeu_ps(out + i, t, load_bf16s(x + i, t));
     }
 }
 
 /* x (n,) float32 rounded to bfloat16 in place (and kept as float32). */
 static inline void round_to_bf16(float *x, long n) {
     for (long i = 0; i < n; i += 16) {
-        const __mmask16 t = bf16_lanes(n - i);
+        const __mmask16 t = first_lanes(n - i);
         _mm512_mask_storeu_ps(x + i, t, bf16_to_floats(floats_to_bf16(
             _mm512_maskz_loadu_ps(t, x + i))));
     }

@@ -43,17 +43,13 @@ static inline __mmask64 tail_mask(long k, long end) {
     return left >= LANE ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
 }
 
-static inline __mmask16 tail_mask16(long i, long end) {
-    return end - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (end - i)) - 1);
-}
-
 /* w8a8's step for one row x (k,): r / 64 for r = max |x| (exact: r / 2^6), 0 for a row of
  * zeros, NaN for a row with an inf or a NaN. */
 static float w8a8_step(const float *x, long k) {
     __m512 most = _mm512_setzero_ps();
     __mmask16 unordered = 0;                                   /* a NaN seen */
     for (long i = 0; i < k; i += 16) {
-        const __m512 v = _mm512_maskz_loadu_ps(tail_mask16(i, k), x + i);
+        const __m512 v = _mm512_maskz_loadu_ps(first_lanes(k - i), x + i);
         unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         most = _mm512_max_ps(most, _mm512_abs_ps(v));
     }
@@ -66,7 +62,7 @@ static float w8a8_step(const float *x, long k) {
 static void w8a8_round(const float *x, long k, float step, int8_t *codes) {
     const __m512 inverse = _mm512_set1_ps(1.f / step);
     for (long i = 0; i < k; i += 16) {
-        const __mmask16 t = tail_mask16(i, k);
+        const __mmask16 t = first_lanes(k - i);
         const __m512 scaled = _mm512_mul_ps(_mm512_maskz_loadu_ps(t, x + i), inverse);
         const __m512i c = _mm512_cvtps_epi32(_mm512_roundscale_ps(
             scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -155,7 +151,7 @@ void llmcore_w8a8_scale_rows(const int32_t *sums, const float *steps, const floa
         const long j1 = j0 + chunk < n ? j0 + chunk : n;
         const __m512 step = _mm512_set1_ps(steps[row]);
         for (long j = j0; j < j1; j += 16) {
-            const __mmask16 t = tail_mask16(j, j1);
+            const __mmask16 t = first_lanes(j1 - j);
             const __m512 s = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(t, sums + row * n + j));
             __m512 y = _mm512_mul_ps(s, _mm512_mul_ps(step, _mm512_maskz_loadu_ps(t, scale + j)));
             if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(t, bias + j));
@@ -287,14 +283,6 @@ int llmcore_bf16_rows(const uint16_t *w, const uint16_t *bias, const uint16_t *x
  * (bf16 = 1) -> out (m,) int64, a NaN counting as larger than any number (the first NaN):
  * torch.argmax's answer, found in two passes over the row (its largest value, then where it
  * first is), the greedy pick of a step's logits. */
-static inline __m512 sixteen(const void *x, long i, __mmask16 t, int bf16) {
-    if (bf16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-            _mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)t,
-                                                            (const uint16_t *)x + i))), 16));
-    return _mm512_maskz_loadu_ps(t, (const float *)x + i);
-}
-
 void llmcore_argmax_rows(const void *x, int64_t *out, long m, long v, int bf16) {
     for (long r = 0; r < m; r++) {
         const void *row = bf16 ? (const void *)((const uint16_t *)x + r * v)
@@ -303,8 +291,8 @@ void llmcore_argmax_rows(const void *x, int64_t *out, long m, long v, int bf16) 
         __mmask16 nan = 0;
         long i = 0;
         for (; i < v && !nan; i += 16) {
-            const __mmask16 t = tail_mask16(i, v);
-            const __m512 a = sixteen(row, i, t, bf16);
+            const __mmask16 t = first_lanes(v - i);
+            const __m512 a = load_floats(row, i, t, bf16);
             nan = _mm512_mask_cmp_ps_mask(t, a, a, _CMP_UNORD_Q);
             most = _mm512_mask_max_ps(most, t, most, a);
         }
@@ -314,8 +302,8 @@ void llmcore_argmax_rows(const void *x, int64_t *out, long m, long v, int bf16) 
         } else {
             const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(most));
             for (long j = 0; j < v; j += 16) {
-                const __mmask16 t = tail_mask16(j, v);
-                const __mmask16 hit = _mm512_mask_cmp_ps_mask(t, sixteen(row, j, t, bf16),
+                const __mmask16 t = first_lanes(v - j);
+                const __mmask16 hit = _mm512_mask_cmp_ps_mask(t, load_floats(row, j, t, bf16),
                                                               top, _CMP_EQ_OQ);
                 if (hit) { found = j + __builtin_ctz(hit); break; }
             }
@@ -394,8 +382,7 @@ static inline __m512 int4_values(void) {               /* code c -> c - 8, exact
 }
 
 static inline __m512 bf16x16_to_float(const uint16_t *h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)h)), 16));
+    return bf16_to_floats(_mm256_loadu_si256((const void *)h));
 }
 
 /* `rows` rows x[r] (k,) float32 (1 to 4: a constant where it is inlined) times one tile: for

@@ -69,11 +69,6 @@ int llmcore_int4_rows(const uint32_t *, const uint16_t *, const uint16_t *, cons
 #define ATTEND_ALONE_BELOW 65536     /* attention's multiply-adds a thread does alone */
 #define AMX_ROWS 96                  /* rows amx.c's kernel takes at once */
 
-/* The first `left` of 16 lanes (all 16 from 16 on). */
-static inline __mmask16 first(long left) {
-    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-}
-
 /* y (d_out,) = x (d_in,) @ w (d_in, d_out) + bias (NULL: none), all float32, w row-major as
  * the model stores it. Each thread takes a band of rows and reads it front to back, FP32_ROWS
  * rows at a time (one load and store of its partial sums for FP32_ROWS multiply-adds, and
@@ -104,7 +99,7 @@ int llmcore_fp32_onerow(const float *w, const float *bias, const float *x, float
                 xi[r] = _mm512_set1_ps(r < rows ? x[i + r] : 0.f);
             }
             for (long j = 0; j < d_out; j += 16) {
-                const __mmask16 m = first(d_out - j);
+                const __mmask16 m = first_lanes(d_out - j);
                 __m512 a = _mm512_load_ps(acc + j);
                 for (int r = 0; r < FP32_ROWS; r++) {
                     _mm_prefetch((const char *)(row[r] + j) + FP32_AHEAD, _MM_HINT_T0);
@@ -214,7 +209,7 @@ static inline __m512 exp16(__m512 v) {
 static void gelu_tanh(float *x, long n, int bf16) {
     const __m512 c = _mm512_set1_ps(-2.f * 0.7978845608028654f);
     for (long i = 0; i < n; i += 16) {
-        const __mmask16 t = first(n - i);
+        const __mmask16 t = first_lanes(n - i);
         const __m512 v = _mm512_maskz_loadu_ps(t, x + i);
         const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(v, v), v),
                                              _mm512_set1_ps(0.044715f), v);
@@ -224,15 +219,6 @@ static void gelu_tanh(float *x, long n, int bf16) {
     }
     if (bf16)
         round_to_bf16(x, n);
-}
-
-/* 16 floats of a cache row from element i on (a mask t of them), widened from bfloat16 when
- * the cache holds bfloat16. */
-static inline __m512 cache_load(const void *cache, long i, __mmask16 t, int bf16) {
-    if (!bf16) return _mm512_maskz_loadu_ps(t, (const float *)cache + i);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-        _mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)t,
-                                                      (const uint16_t *)cache + i))), 16));
 }
 
 /* One query's attention in one layer: q (heads, d_head), the new k, v (kv_heads, d_head)
@@ -264,16 +250,16 @@ static void attend(const llmcore_gpt *g, const float *q, const float *k, const f
         for (long j = 0; j < n; j++) {
             __m512 dot = _mm512_setzero_ps();
             for (long i = 0; i < dh; i += 16) {
-                const __mmask16 t = first(dh - i);
+                const __mmask16 t = first_lanes(dh - i);
                 dot = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(t, q + h * dh + i),
-                                      cache_load(keys, rows + j * dh + i, t, bf16), dot);
+                                      load_floats(keys, rows + j * dh + i, t, bf16), dot);
             }
             s[j] = _mm512_reduce_add_ps(dot) * scale;
             most = s[j] > most ? s[j] : most;
         }
         float total = 0.f;
         for (long j = 0; j < n; j += 16) {
-            const __mmask16 t = first(n - j);
+            const __mmask16 t = first_lanes(n - j);
             const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, s + j),
                                                  _mm512_set1_ps(most)));
             _mm512_mask_storeu_ps(s + j, t, e);
@@ -281,11 +267,11 @@ static void attend(const llmcore_gpt *g, const float *q, const float *k, const f
         }
         float *o = out + h * dh;
         for (long i = 0; i < dh; i += 16) {
-            const __mmask16 t = first(dh - i);
+            const __mmask16 t = first_lanes(dh - i);
             __m512 sum = _mm512_setzero_ps();
             for (long j = 0; j < n; j++)
                 sum = _mm512_fmadd_ps(_mm512_set1_ps(s[j]),
-                                      cache_load(values, rows + j * dh + i, t, bf16), sum);
+                                      load_floats(values, rows + j * dh + i, t, bf16), sum);
             sum = _mm512_div_ps(sum, _mm512_set1_ps(total));
             _mm512_mask_storeu_ps(o + i, t, sum);
         }
@@ -330,11 +316,11 @@ int llmcore_gpt_tokens(const llmcore_gpt *g, void *keys, void *values, long capa
             widest = ms[i]->d_out > widest ? ms[i]->d_out : widest;
     }
     widest = widest > d ? widest : d;
-    const long wide_row = widest, out_row = q_width > d ? q_width : d;
+    const long out_row = q_width > d ? q_width : d;
     const long rows_at_once = n < AMX_ROWS ? n : AMX_ROWS;
     float *x = malloc(sizeof(float) * (size_t)(n * d));
     float *normed = malloc(sizeof(float) * (size_t)(n * d));
-    float *wide = malloc(sizeof(float) * (size_t)(n * wide_row));
+    float *wide = malloc(sizeof(float) * (size_t)(n * widest));
     float *out = malloc(sizeof(float) * (size_t)(n * out_row));
     float *scores = malloc(sizeof(float) * (size_t)(g->heads * capacity));
     const long layer_size = g->kv_heads * capacity * dh * (bf16_cache ? 2 : 4);   /* bytes */
