@@ -243,8 +243,9 @@ def bf16_available(device: torch.device | str = "cpu") -> bool:
 
 
 @functools.cache
-def _amx_missing() -> str:
-    """Why :func:`amx_available` is False ("" when it is True): checked once per process."""
+def amx_unavailable_reason() -> str:
+    """Why :func:`amx_available` is False on the CPU ("" when it is True): checked once per
+    process."""
     if not available():
         return unavailable_reason()
     cpu = getattr(torch, "cpu", None)
@@ -261,15 +262,10 @@ def _amx_missing() -> str:
     return ""
 
 
-def amx_unavailable_reason() -> str:
-    """Why :func:`amx_available` is False on the CPU ("" when it is True)."""
-    return _amx_missing()
-
-
 def amx_available(device: torch.device | str = "cpu") -> bool:
     """Whether :func:`bf16_onerow` takes a prompt's rows on AMX, Intel's tile unit, on
     ``device``: a CPU with AMX's bfloat16 products, lent to this process by Linux."""
-    return torch.device(device).type == "cpu" and _amx_missing() == ""
+    return torch.device(device).type == "cpu" and amx_unavailable_reason() == ""
 
 
 def unavailable_reason(device: torch.device | str = "cpu") -> str:
@@ -439,7 +435,7 @@ def bf16_onerow(x: Tensor, w: Tensor, b: Tensor | None = None, *,
                          f"{w.dtype}")
     on_amx = amx_available() if amx is None else amx
     if on_amx and not amx_available():
-        raise ValueError(f"amx=True, but AMX does not run here: {_amx_missing()}")
+        raise ValueError(f"amx=True, but AMX does not run here: {amx_unavailable_reason()}")
     rows, most = x.shape[0], BF16_AMX_ROWS_AT_MOST if on_amx else BF16_ROWS_AT_MOST
     if rows > most:
         raise ValueError(f"x: bf16_onerow takes at most {most} rows here, got {rows} "

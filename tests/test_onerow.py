@@ -211,7 +211,7 @@ def test_one_row_of_bf16_is_the_product_to_bfloat16s_rounding(shape):
 
 needs_amx = pytest.mark.skipif(not onerow.amx_available(),
                                reason=f"AMX's bfloat16 tiles do not run here: "
-                                      f"{onerow._amx_missing()}")
+                                      f"{onerow.amx_unavailable_reason()}")
 
 
 @needs_amx
