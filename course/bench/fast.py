@@ -785,8 +785,9 @@ def paged_mixed_lengths(out: TextIO, model: GPT, sizes: Sizes, checked: bool) ->
                                        sizes)
         t_contiguous, t_paged = times["contiguous"], times["paged"]
         out.write(f"  backend {backend!r}, interleaved rounds: contiguous "
-                  f"{format_seconds(t_contiguous)}, paged {format_seconds(t_paged)} (same logits; {views} of {b} sequences' "
-                  f"blocks adjacent, read as views of the pool, the others gathered)\n")
+                  f"{format_seconds(t_contiguous)}, paged {format_seconds(t_paged)} (same "
+                  f"logits; {views} of {b} sequences' blocks adjacent, read as views of the "
+                  f"pool, the others gathered)\n")
         write_ratio(out, f"mixed lengths, paged / contiguous decode step time ({backend})",
                     t_paged / t_contiguous,
                     at_most=PAGED_VS_CONTIGUOUS_AT_MOST if backend == "fused" else None,
