@@ -6,6 +6,7 @@ the fast path measures them as one more one-row form and gives the same tokens w
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 import time
@@ -244,6 +245,15 @@ def test_a_prompt_of_bf16_on_amx_is_the_product_to_bfloat16s_rounding(shape, row
         assert bool(((got - want).abs() <= step).all())
         assert bool(((got - want).abs().amax(dim=1) <= (pytorchs - want).abs().amax(dim=1)
                      + step[:, 0]).all())
+
+
+@pytest.mark.skipif(not onerow.available(),
+                    reason=f"one-row kernels: {onerow.unavailable_reason()}")
+def test_the_amx_row_limit_is_the_kernels_own():
+    """BF16_AMX_ROWS_AT_MOST, which the Python side checks, is the library's llmcore_amx_rows,
+    which amx.c and step.c's prompt use: six tiles of sums of 16 rows each."""
+    library_rows = ctypes.c_long.in_dll(onerow._library(), "llmcore_amx_rows").value
+    assert onerow.BF16_AMX_ROWS_AT_MOST == library_rows == 96
 
 
 @needs_amx

@@ -37,6 +37,8 @@
 #define SUM_TILES 6                        /* tiles 2..7 hold sums; 0 is A, 1 is B */
 #define GROUPS_AT_MOST SUM_TILES           /* groups of 16 rows of x, a sum tile each */
 
+const long llmcore_amx_rows = GROUPS_AT_MOST * TILE;  /* the most rows a call takes */
+
 /* 0 once Linux lets this process use AMX's tile registers, -1 where it will not. */
 int llmcore_amx_ready(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;

@@ -61,13 +61,13 @@ int llmcore_bf16_onerow(const uint16_t *, const uint16_t *, const uint16_t *, ui
                         long);
 int llmcore_bf16_rows_amx(const uint16_t *, const uint16_t *, const uint16_t *, uint16_t *,
                           long, long, long);
+extern const long llmcore_amx_rows;          /* the most rows llmcore_bf16_rows_amx takes */
 int llmcore_int4_rows(const uint32_t *, const uint16_t *, const uint16_t *, const uint16_t *,
                       const uint16_t *, uint16_t *, long, long, long, long);
 
 #define FP32_ROWS 16                 /* float32 rows read at once */
 #define FP32_AHEAD 512               /* bytes ahead in each float32 row */
 #define ATTEND_ALONE_BELOW 65536     /* attention's multiply-adds a thread does alone */
-#define AMX_ROWS 96                  /* rows amx.c's kernel takes at once */
 
 /* y (d_out,) = x (d_in,) @ w (d_in, d_out) + bias (NULL: none), all float32, w row-major as
  * the model stores it. Each thread takes a band of rows and reads it front to back, FP32_ROWS
@@ -145,9 +145,10 @@ static int product(const llmcore_matrix *m, const float *x, float *y, uint16_t *
 }
 
 /* y (n, d_out) = x (n, d_in) @ m, row by row as product() does: one row is product()'s; a
- * bfloat16 matrix takes up to AMX_ROWS rows at a time on AMX (amx.c: each weight read once
- * for all of them; the caller has checked that this process may use AMX); another kind takes
- * its rows one at a time. scratch: AMX_ROWS (d_in + d_out) uint16. Returns 0, or -1. */
+ * bfloat16 matrix takes up to llmcore_amx_rows rows at a time on AMX (amx.c: each weight read
+ * once for all of them; the caller has checked that this process may use AMX); another kind
+ * takes its rows one at a time. scratch: llmcore_amx_rows (d_in + d_out) uint16. Returns 0,
+ * or -1. */
 static int product_rows(const llmcore_matrix *m, const float *x, float *y, long n,
                         uint16_t *scratch) {
     const long d_out = m->d_out, k = m->d_in;
@@ -158,8 +159,8 @@ static int product_rows(const llmcore_matrix *m, const float *x, float *y, long 
         return status;
     }
     int status = 0;
-    for (long r0 = 0; r0 < n && !status; r0 += AMX_ROWS) {
-        const long rows = n - r0 < AMX_ROWS ? n - r0 : AMX_ROWS;
+    for (long r0 = 0; r0 < n && !status; r0 += llmcore_amx_rows) {
+        const long rows = n - r0 < llmcore_amx_rows ? n - r0 : llmcore_amx_rows;
         uint16_t *xb = scratch, *yb = scratch + rows * k;
         narrow_to_bf16(x + r0 * k, xb, rows * k);
         status = llmcore_bf16_rows_amx(m->w, m->bias, xb, yb, rows, d_out, k);
@@ -317,7 +318,7 @@ int llmcore_gpt_tokens(const llmcore_gpt *g, void *keys, void *values, long capa
     }
     widest = widest > d ? widest : d;
     const long out_row = q_width > d ? q_width : d;
-    const long rows_at_once = n < AMX_ROWS ? n : AMX_ROWS;
+    const long rows_at_once = n < llmcore_amx_rows ? n : llmcore_amx_rows;
     float *x = malloc(sizeof(float) * (size_t)(n * d));
     float *normed = malloc(sizeof(float) * (size_t)(n * d));
     float *wide = malloc(sizeof(float) * (size_t)(n * widest));
